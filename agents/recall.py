@@ -1,0 +1,76 @@
+"""C-04 recall: lexical/entity tier first (always there), then pluggable vector+time and graph tiers.
+
+Each optional tier runs behind a timeout; an error or timeout is recorded and the lexical
+answer stands (G-05). The result says which tiers answered, for the audit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mnemoflow.agents.candidate import Candidate
+
+
+class RecallTier(Protocol):
+    """A source of candidates. `search` must only return memories in the request's scope chain."""
+
+    name: str
+
+    async def search(self, request: dict[str, Any], k: int,
+                     seeds: Sequence[Candidate]) -> list[Candidate]: ...
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    tier: RecallTier
+    timeout_s: float = 3.0
+    only_when_fewer_than: int | None = None  # graph expansion runs only when hits are few
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    candidates: tuple[Candidate, ...]
+    tiers: dict[str, str] = field(default_factory=dict)  # name -> ok | error | timeout | skipped
+
+    @property
+    def failed(self) -> bool:
+        """Every tier that ran failed: no packet may come of it (invariant 2)."""
+        ran = [s for s in self.tiers.values() if s != "skipped"]
+        return bool(ran) and all(s in ("error", "timeout") for s in ran)
+
+
+def merge(found: dict[str, Candidate], new: Sequence[Candidate], tier: str) -> None:
+    """Union by memory id, keeping the best relevance and every tier that found it."""
+    for c in new:
+        old = found.get(c.memory_id)
+        if old is None:
+            found[c.memory_id] = c.with_tier(tier)
+        else:
+            found[c.memory_id] = old.with_tier(tier, max(old.relevance, c.relevance))
+
+
+async def recall(request: dict[str, Any], tiers: Sequence[TierSpec], k: int) -> RecallResult:
+    """Run the tiers in order; later tiers see the earlier hits as seeds."""
+    found: dict[str, Candidate] = {}
+    status: dict[str, str] = {}
+    for spec in tiers:
+        name = spec.tier.name
+        if spec.only_when_fewer_than is not None and len(found) >= spec.only_when_fewer_than:
+            status[name] = "skipped"
+            continue
+        try:
+            hits = await asyncio.wait_for(
+                spec.tier.search(request, k, tuple(found.values())), spec.timeout_s)
+        except TimeoutError:
+            status[name] = "timeout"
+            continue
+        except Exception:  # a broken optional tier must never break recall
+            status[name] = "error"
+            continue
+        merge(found, hits, name)
+        status[name] = "ok"
+    ordered = sorted(found.values(), key=lambda c: (-c.relevance, c.memory_id))
+    return RecallResult(tuple(ordered), status)

@@ -1,0 +1,1 @@
+"""Projections of the memory-log: LanceDB index, MEMORY.md, embeddings."""

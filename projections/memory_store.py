@@ -1,0 +1,145 @@
+"""The in-process projection of the memory-log that recall reads: records + the lexical index.
+
+It is a fold: `apply(event)` for each memory-log record in log order, idempotent by eventId,
+so it can be dropped and rebuilt from the topic at any time. Revocation removes a memory
+from every index at once, so it can never be recalled again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mnemoflow.agents.candidate import Candidate, scope_chain
+from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
+from mnemoflow.agents.text import digest, semantic_key
+
+REVOKE_OPS = {"memory_revoked", "fact_revoked", "procedure_deprecated"}
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    memory_id: str
+    kind: str
+    text: str
+    scope: str
+    owner: str
+    session_id: str
+    event_seq: int
+    event_time: int
+    provenance: tuple[str, ...]
+    entities: tuple[str, ...]
+    digest: str
+    semantic_key: str
+    confidence: float = 0.5
+    source: str = "user"
+    revoked: bool = False
+    ttl_ms: int | None = None
+    risk_level: str | None = None
+    frequency: int = 0
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def expires_at(self) -> int | None:
+        return None if self.ttl_ms is None else self.event_time + self.ttl_ms
+
+    def candidate(self, relevance: float) -> Candidate:
+        return Candidate(
+            memory_id=self.memory_id, kind=self.kind, text=self.text, scope=self.scope,
+            owner=self.owner, session_id=self.session_id, event_seq=self.event_seq,
+            event_time=self.event_time, provenance=",".join(self.provenance),
+            digest=self.digest, semantic_key=self.semantic_key, relevance=relevance,
+            confidence=self.confidence, salience=float(self.attributes.get("salience", 0) or 0),
+            frequency=self.frequency, revoked=self.revoked, expires_at=self.expires_at,
+            risk_level=self.risk_level)
+
+
+class MemoryStore:
+    """Records by memory id, the lexical index over the live ones, and the build generation."""
+
+    def __init__(self, name: str = "lexical", generation: int = 1) -> None:
+        self.records: dict[str, MemoryRecord] = {}
+        self.lexical = LexicalIndex()
+        self._applied: set[str] = set()
+        self.name = name
+        self.generation = generation
+        self.applied_count = 0
+
+    @property
+    def version(self) -> str:
+        """Identifies the index build, not its content: a rebuild makes in-flight results stale."""
+        return f"{self.name}/gen{self.generation}"
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def apply(self, ev: dict[str, Any]) -> bool:
+        """Fold one memory-log event; returns False for an event already applied."""
+        if ev["eventId"] in self._applied:
+            return False
+        self._applied.add(ev["eventId"])
+        self.applied_count += 1
+        op, mid = ev["op"], ev["memoryId"]
+        if op == "alias_added":
+            self.lexical.add_alias(ev["subject"] or "", ev["object"] or "", ev["scope"], ev["owner"])
+            return True
+        if op == "alias_revoked":
+            self.lexical.revoke_alias(ev["subject"] or "", ev["object"] or "", ev["scope"],
+                                      ev["owner"])
+            return True
+        old = self.records.get(mid)
+        if op in REVOKE_OPS:
+            if old is not None:
+                self.records[mid] = replace(old, revoked=True)
+                self.lexical.remove(mid)
+            return True
+        if op in ("evidence_reinforce", "evidence_weaken"):
+            if old is not None:
+                step = 0.1 if op == "evidence_reinforce" else -0.1
+                conf = min(1.0, max(0.0, old.confidence + step))
+                self.records[mid] = replace(old, confidence=conf, frequency=old.frequency + 1)
+            return True
+        text = ev.get("text") or ""
+        if old is not None and old.revoked:
+            return True  # a revoked memory stays revoked until a new id is written
+        rec = MemoryRecord(
+            memory_id=mid, kind=ev["kind"], text=text, scope=ev["scope"], owner=ev["owner"],
+            session_id=ev["sessionId"], event_seq=ev["eventSeq"], event_time=ev["eventTime"],
+            provenance=tuple(ev.get("provenance") or ()), entities=tuple(ev.get("entities") or ()),
+            digest=digest(text), semantic_key=semantic_key(text),
+            confidence=float(ev.get("confidence", 0.5)), source=ev.get("source", "user"),
+            ttl_ms=ev.get("ttlMs"), risk_level=ev.get("riskLevel"),
+            attributes=dict(ev.get("attributes") or {}))
+        self.records[mid] = rec
+        if text:
+            self.lexical.add(LexicalDoc(mid, text, rec.scope, rec.owner, rec.entities))
+        return True
+
+    def search_lexical(self, request: dict[str, Any], k: int) -> list[Candidate]:
+        """Scope-filtered BM25/entity/alias hits that existed before the request (event time).
+
+        The event-time cut makes a replay see what the first run saw, not later memories.
+        """
+        chain = scope_chain(request)
+        now = request["eventTime"]
+        hits = self.lexical.search(request["text"], list(request.get("entities", ())), chain,
+                                   k * 2)
+        out = []
+        for doc_id, score, _via in hits:
+            rec = self.records.get(doc_id)
+            if rec is not None and not rec.revoked and rec.event_time < now:
+                out.append(rec.candidate(score))
+        return out[:k]
+
+
+@dataclass
+class LexicalTier:
+    """C-04 tier 1 (M-05 + BM25): always available, synchronous, scope-filtered before scoring."""
+
+    store: MemoryStore
+    name: str = "lexical"
+
+    async def search(self, request: dict[str, Any], k: int,
+                     seeds: Sequence[Candidate]) -> list[Candidate]:
+        return self.store.search_lexical(request, k)

@@ -1,0 +1,1 @@
+"""Avro schemas (one .avsc per topic value) and the single-object codec."""

@@ -1,0 +1,1 @@
+"""Kafka wiring: config, topic catalogue, local broker, faust worker, host SDK, CLI."""

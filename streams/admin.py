@@ -1,0 +1,96 @@
+"""Topic administration from the catalogue: idempotent create, describe, and a guard on partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from mnemoflow.streams.config import Settings
+from mnemoflow.streams.topics import CATALOGUE, TopicSpec
+
+
+class TopicMismatch(RuntimeError):
+    """An existing topic disagrees with the catalogue in a way we must not paper over."""
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    configs: dict[str, str]
+    exists: bool
+
+
+def admin_client(settings: Settings, bootstrap: str) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000,
+                               **settings.client_kwargs())
+
+
+async def existing_partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """Partition counts of those of `names` that exist."""
+    meta = await admin.describe_topics(names)
+    out = {}
+    for t in meta:
+        if t.get("error_code", 0) == 0 and t.get("partitions"):
+            out[t["topic"]] = len(t["partitions"])
+    return out
+
+
+async def create_topics(
+    settings: Settings, bootstrap: str, specs: tuple[TopicSpec, ...] = CATALOGUE
+) -> dict[str, str]:
+    """Create what is missing; refuse an existing topic whose partition count differs."""
+    admin = admin_client(settings, bootstrap)
+    await admin.start()
+    try:
+        names = [s.name(settings) for s in specs]
+        have = await existing_partitions(admin, names)
+        result: dict[str, str] = {}
+        missing = []
+        for spec in specs:
+            name = spec.name(settings)
+            want = spec.partitions or settings.partitions
+            if name in have:
+                if have[name] != want:
+                    raise TopicMismatch(
+                        f"topic {name} exists with {have[name]} partitions, the catalogue says "
+                        f"{want}; refusing (sessionId routing would change). Delete it or set "
+                        f"MNEMOFLOW_PARTITIONS={have[name]}."
+                    )
+                result[name] = "exists"
+            else:
+                missing.append(NewTopic(name, want, 1, topic_configs=spec.configs()))
+                result[name] = "created"
+        if missing:
+            resp = await admin.create_topics(missing)
+            for name, code, *_ in getattr(resp, "topic_errors", []):
+                if code == 36:  # TOPIC_ALREADY_EXISTS: created meanwhile by someone else
+                    result[name] = "exists"
+                elif code != 0:
+                    raise TopicMismatch(f"creating {name} failed with error code {code}")
+        return result
+    finally:
+        await admin.close()
+
+
+async def describe_topics(settings: Settings, bootstrap: str) -> list[TopicInfo]:
+    admin = admin_client(settings, bootstrap)
+    await admin.start()
+    try:
+        names = [s.name(settings) for s in CATALOGUE]
+        have = await existing_partitions(admin, names)
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+        infos = []
+        for name in names:
+            configs: dict[str, str] = {}
+            if name in have:
+                res = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+                for r in res:
+                    for entry in r.resources[0][4]:
+                        if entry[0] in ("cleanup.policy", "retention.ms"):
+                            configs[entry[0]] = entry[1]
+            infos.append(TopicInfo(name, have.get(name, 0), configs, name in have))
+        return infos
+    finally:
+        await admin.close()

@@ -1,0 +1,59 @@
+"""Settings from the environment: one frozen object passed around, never read globally."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable. Each field names the environment variable that sets it."""
+
+    home: Path = field(default_factory=lambda: Path(_env("MNEMOFLOW_HOME", str(REPO_ROOT / ".mnemoflow"))))
+    bootstrap: str | None = field(default_factory=lambda: os.environ.get("KAFKA_BOOTSTRAP") or None)
+    topic_prefix: str = field(default_factory=lambda: _env("MNEMOFLOW_TOPIC_PREFIX", "mnemoflow."))
+    partitions: int = field(default_factory=lambda: int(_env("MNEMOFLOW_PARTITIONS", "4")))
+    app_id: str = field(default_factory=lambda: _env("MNEMOFLOW_APP_ID", "mnemoflow"))
+    store: str = field(default_factory=lambda: _env("MNEMOFLOW_STORE", "rocksdb://"))
+    security_protocol: str = field(default_factory=lambda: _env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"))
+    sasl_mechanism: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SASL_MECHANISM"))
+    sasl_username: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SASL_USERNAME"))
+    sasl_password: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SASL_PASSWORD"))
+    ssl_cafile: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SSL_CAFILE"))
+    max_payload_bytes: int = field(default_factory=lambda: int(_env("MNEMOFLOW_MAX_PAYLOAD_BYTES", "262144")))
+    weights_file: str | None = field(default_factory=lambda: os.environ.get("MNEMOFLOW_WEIGHTS"))
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.home / "kafka"
+
+    def topic(self, base: str) -> str:
+        return f"{self.topic_prefix}{base}"
+
+    def client_kwargs(self) -> dict[str, object]:
+        """aiokafka keyword arguments for security, passed through unchanged to every client."""
+        kw: dict[str, object] = {"security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            kw.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context
+
+            kw["ssl_context"] = create_ssl_context(cafile=self.ssl_cafile)
+        return kw
+
+    def with_overrides(self, **kw: object) -> Settings:
+        from dataclasses import replace
+
+        return replace(self, **kw)  # type: ignore[arg-type]

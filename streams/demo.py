@@ -1,0 +1,189 @@
+"""`make demo`: a real LoCoMo conversation through the real broker and worker, printed stage by stage.
+
+Nothing here is canned: every line printed is decoded from the segments, audit and inbox
+topics that the worker wrote during this run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from mnemoflow.agents.temporal import parse_event_time
+from mnemoflow.streams import topics as T
+from mnemoflow.streams.admin import create_topics
+from mnemoflow.streams.config import REPO_ROOT, Settings
+from mnemoflow.streams.host import CapabilityManifest, HostClient
+from mnemoflow.streams.kafka_local import LocalKafka
+from mnemoflow.streams.reader import TopicReader
+from rich.console import Console
+from rich.table import Table
+
+DATA = Path(os.environ.get("MNEMOFLOW_SHARED", REPO_ROOT.parent / "shared")) / "data"
+QUESTIONS = 4
+con = Console(width=140)
+
+
+def _turn_text(turn: dict) -> str:
+    text = f"{turn['speaker']}: {turn['text']}"
+    if turn.get("blip_caption"):
+        text += f" [shares an image: {turn['blip_caption']}]"
+    return text
+
+
+async def _wait_worker(proc: subprocess.Popen, settings: Settings, bootstrap: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                raise SystemExit(f"worker exited with {proc.returncode}")
+            for g in await admin.describe_consumer_groups([settings.app_id]):
+                if any(grp[2] == "Stable" and grp[5] for grp in getattr(g, "groups", [])):
+                    await asyncio.sleep(1.0)
+                    return
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+    raise SystemExit("worker did not join its group in time")
+
+
+async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> None:
+    conv = json.loads((DATA / "locomo" / "dev.json").read_text())[0]
+    c = conv["conversation"]
+    user = conv["sample_id"]
+    sessions = [1, 2]
+    qs = [q for q in conv["qa"] if q["category"] != 5 and q["evidence"]
+          and all(e.split(":")[0] in {f"D{n}" for n in sessions} for e in q["evidence"])][:QUESTIONS]
+    manifest = CapabilityManifest(provider="demo", model="any", reasoning="none",
+                                  supportsPreStep=True)
+    await _wait_worker(proc, settings, bootstrap)
+    con.rule(f"[bold]LoCoMo {user}: sessions {sessions} as memory, then {len(qs)} questions")
+    sent = 0
+    async with HostClient(settings, bootstrap) as host:
+        last_t = 0
+        for n in sessions:
+            t0 = parse_event_time(c[f"session_{n}_date_time"]) or 0
+            hs = host.session(f"{user}/session_{n}", user)
+            await hs.lifecycle("start", t0, manifest)
+            for i, turn in enumerate(c[f"session_{n}"]):
+                last_t = t0 + i * 30_000
+                await hs.user_message(_turn_text(turn), last_t, provenance=turn["dia_id"])
+                sent += 1
+            await hs.lifecycle("end", last_t + 1)
+        q_session = host.session(f"{user}/questions", user)
+        qt = last_t + 7 * 86400_000
+        await q_session.lifecycle("start", qt, manifest)
+        for i, q in enumerate(qs):
+            await asyncio.sleep(1.5)  # let the memory-log projection catch up first
+            await q_session.user_message(q["question"], qt + (i + 1) * 60_000)
+    con.print(f"host produced {sent} turns + {len(qs)} questions to {T.SESSION_EVENTS.name(settings)}")
+
+    names = [T.SEGMENTS.name(settings), T.AUDIT.name(settings), T.INBOX.name(settings),
+             T.MEMORY_LOG.name(settings)]
+    async with TopicReader(settings, bootstrap, names) as reader:
+        def done(rs: list) -> bool:
+            brokers = [r for r in rs if r.value and r.value.get("stage") == "broker"
+                       and r.value["sessionId"].endswith("/questions")]
+            return len(brokers) >= len(qs)
+        try:
+            recs = await reader.wait_for(done, 60)
+        except TimeoutError:
+            recs = reader.records
+        await asyncio.sleep(1.0)
+        recs = await reader.drain()
+    by_topic: dict[str, list[dict]] = {n: [] for n in names}
+    for r in recs:
+        if r.value is not None:
+            by_topic[r.topic].append(r.value)
+    segs, audits, inbox, mem = (by_topic[n] for n in names)
+    con.print(f"observer: {len(segs)} segments, {len(mem)} memory-log records")
+    gates = [a for a in audits if a["stage"] == "gate"]
+    counts: dict[str, int] = {}
+    for a in gates:
+        counts[f"{a['action']}/{a['reason']}"] = counts.get(f"{a['action']}/{a['reason']}", 0) + 1
+    con.print("gate decisions: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+
+    seg_text = {s["segmentId"]: s["text"] for s in segs}
+    tab = Table(title="gate decisions on the question session", show_lines=False)
+    for col in ("question", "action", "reason", "score", "signals > 0"):
+        tab.add_column(col)
+    for a in gates:
+        if a["sessionId"].endswith("/questions") and a["segmentId"] in seg_text \
+                and not seg_text[a["segmentId"]].startswith("lifecycle"):
+            sig = ", ".join(k for k, v in sorted(a["signals"].items()) if v > 0)
+            tab.add_row(seg_text[a["segmentId"]][:60], a["action"], a["reason"],
+                        f"{a['score']:.2f}", sig)
+    con.print(tab)
+
+    brokers = {a["requestId"]: a for a in audits if a["stage"] == "broker"}
+    ops = {o["packet"]["requestId"]: o for o in inbox if o["op"] == "inject"}
+    for q in qs:
+        gate = next((a for a in gates if seg_text.get(a["segmentId"]) == q["question"]), None)
+        con.rule(f"[bold]Q: {q['question']}  (evidence {', '.join(q['evidence'])})")
+        if gate is None or gate["requestId"] is None:
+            con.print(f"  gate: {gate and gate['action']} ({gate and gate['reason']}) - no recall")
+            continue
+        b = brokers.get(gate["requestId"])
+        if b is None:
+            con.print("  no broker decision yet")
+            continue
+        con.print(f"  broker: [bold]{b['action']}[/] ({b['reason']}), tiers {b['tiers']}, "
+                  f"{b['bytes']} bytes, index {b['indexVersion']}")
+        op = ops.get(gate["requestId"])
+        if op:
+            p = op["packet"]
+            con.print(f"  packet {p['packetId']} strength={p['strength']} "
+                      f"trigger={p['triggerReason']} cursor={p['contextCursor']}")
+            for it in p["items"]:
+                hit = "[green]evidence[/]" if any(e in it["provenance"].split(",")
+                                                  for e in q["evidence"]) else ""
+                con.print(f"   - [{it['provenance']}] {it['text'][:90]} "
+                          f"(score {it['score']:.2f}) {hit}")
+        dropped = [c for c in b["candidates"] if c["outcome"] != "kept"][:3]
+        for d in dropped:
+            con.print(f"     dropped {d['memoryId'][:16]} ({d['provenance']}): {d['outcome']}")
+
+
+def main() -> None:
+    base = Settings()
+    tag = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:4]
+    settings = base.with_overrides(topic_prefix=f"demo.{tag}.", app_id=f"demo-{tag}",
+                                   home=base.home)
+    started = False
+    if settings.bootstrap:
+        bootstrap = settings.bootstrap
+    else:
+        broker = LocalKafka(settings)
+        started = broker.status() is None
+        bootstrap = broker.up().bootstrap
+    try:
+        created = asyncio.run(create_topics(settings, bootstrap))
+        con.print(f"topics: {len(created)} created under prefix {settings.topic_prefix}")
+        env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix,
+                   MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home))
+        log = open(settings.home / f"demo-worker-{tag}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        con.print(f"worker started (pid {proc.pid}), log {log.name}")
+        try:
+            asyncio.run(run(settings, bootstrap, proc))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            con.print("worker stopped")
+    finally:
+        if started:
+            LocalKafka(settings).down()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Keeps a MemoryStore in step with the memory-log topic (all partitions, from the start).
+
+The store is a projection: every worker folds the whole log, so recall sees a user's
+memories whatever partition their sessions hashed to. `barrier()` lets recall wait until
+everything already in the log is applied, which keeps replays deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
+
+log = logging.getLogger(__name__)
+
+
+class MemoryLogProjector:
+    def __init__(self, bootstrap: str, topic: str, store: MemoryStore, registry: SchemaRegistry,
+                 client_kwargs: dict[str, object], group: str | None = None,
+                 on_event: Callable[[dict], None] | None = None) -> None:
+        self.bootstrap, self.topic, self.store, self.registry = bootstrap, topic, store, registry
+        self.client_kwargs = client_kwargs
+        self.group = group
+        self.on_event = on_event
+        self.applied: dict[TopicPartition, int] = {}  # next offset to apply
+        self.skipped = 0
+        self._consumer: AIOKafkaConsumer | None = None
+        self._ready = asyncio.Event()
+        self._progress = asyncio.Condition()
+
+    async def run(self) -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group,
+                                    enable_auto_commit=False, auto_offset_reset="earliest",
+                                    **self.client_kwargs)
+        await consumer.start()
+        self._consumer = consumer
+        try:
+            parts = None
+            while not parts:
+                parts = consumer.partitions_for_topic(self.topic)
+                if not parts:
+                    await consumer._client.force_metadata_update()
+                    parts = consumer.partitions_for_topic(self.topic)
+                    await asyncio.sleep(0.2)
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            for tp in tps:
+                self.applied[tp] = 0
+            self._ready.set()
+            while True:
+                batch = await consumer.getmany(timeout_ms=200, max_records=2000)
+                for tp, msgs in batch.items():
+                    for m in msgs:
+                        try:
+                            _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
+                            self.store.apply(ev)
+                            if self.on_event:
+                                self.on_event(ev)
+                        except DecodeError as exc:
+                            self.skipped += 1  # the observer dead-letters at the source
+                            log.warning("memory-log %s@%s skipped: %s", tp, m.offset, exc)
+                        self.applied[tp] = m.offset + 1
+                async with self._progress:
+                    self._progress.notify_all()
+                if batch and self.group:
+                    await consumer.commit({tp: off for tp, off in self.applied.items()})
+        finally:
+            await consumer.stop()
+
+    async def barrier(self, timeout: float = 2.0) -> bool:
+        """Wait until every record already in the log is applied; False on timeout."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            return False
+        assert self._consumer is not None
+        ends = await self._consumer.end_offsets(list(self.applied))
+
+        def caught_up() -> bool:
+            return all(self.applied.get(tp, 0) >= end for tp, end in ends.items())
+
+        try:
+            async with self._progress:
+                await asyncio.wait_for(self._progress.wait_for(caught_up), timeout)
+            return True
+        except TimeoutError:
+            return False

@@ -1,0 +1,91 @@
+"""Reading topics back: decode every record of a topic, or wait for records that match."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
+from mnemoflow.streams.config import Settings
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: dict[str, Any] | None
+    error: str | None = None
+
+
+class TopicReader:
+    """A group-less consumer over all partitions of some topics, from the beginning."""
+
+    def __init__(self, settings: Settings, bootstrap: str, topics: list[str],
+                 registry: SchemaRegistry | None = None) -> None:
+        self.registry = registry or default_registry()
+        self.topics = topics
+        self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                   enable_auto_commit=False, auto_offset_reset="earliest",
+                                   **settings.client_kwargs())
+        self.records: list[Record] = []
+
+    async def __aenter__(self) -> TopicReader:
+        await self._c.start()
+        tps = []
+        for t in self.topics:
+            parts = self._c.partitions_for_topic(t)
+            while not parts:
+                await self._c._client.force_metadata_update()
+                parts = self._c.partitions_for_topic(t)
+                if not parts:
+                    await asyncio.sleep(0.1)
+            tps += [TopicPartition(t, p) for p in sorted(parts)]
+        self._c.assign(tps)
+        await self._c.seek_to_beginning(*tps)
+        self._tps = tps
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._c.stop()
+
+    async def poll(self, timeout_ms: int = 200) -> list[Record]:
+        batch = await self._c.getmany(timeout_ms=timeout_ms, max_records=5000)
+        new = []
+        for tp, msgs in batch.items():
+            for m in msgs:
+                try:
+                    _, val = self.registry.decode(m.value)
+                    rec = Record(tp.topic, tp.partition, m.offset, m.timestamp, m.key, val)
+                except DecodeError as exc:
+                    rec = Record(tp.topic, tp.partition, m.offset, m.timestamp, m.key, None,
+                                 exc.reason)
+                new.append(rec)
+        self.records.extend(new)
+        return new
+
+    async def drain(self) -> list[Record]:
+        """Everything up to the end offsets as of now."""
+        ends = await self._c.end_offsets(self._tps)
+        while any(await self._position(tp) < end for tp, end in ends.items()):
+            await self.poll(100)
+        return self.records
+
+    async def _position(self, tp: TopicPartition) -> int:
+        return await self._c.position(tp)
+
+    async def wait_for(self, predicate: Callable[[list[Record]], bool],
+                       timeout: float = 30.0) -> list[Record]:
+        """Poll until `predicate(all records so far)` holds; raise TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self.records):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"condition not met in {timeout}s on {self.topics}")
+            await self.poll(200)
+        return self.records

@@ -1,0 +1,64 @@
+"""The topic catalogue: one place that says which topics exist and how they are kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mnemoflow.streams.config import Settings
+
+FOREVER = -1
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: its base name, the Avro record of its values, the key and how long it is kept."""
+
+    base: str
+    value_schema: str
+    key: str
+    cleanup: str = "delete"
+    retention_ms: int = WEEK_MS
+    partitions: int | None = None  # None: the configured default
+    doc: str = ""
+
+    def name(self, settings: Settings) -> str:
+        return settings.topic(self.base)
+
+    def configs(self) -> dict[str, str]:
+        return {"cleanup.policy": self.cleanup, "retention.ms": str(self.retention_ms)}
+
+
+SESSION_EVENTS = TopicSpec("session-events", "io.mnemoflow.SessionEvent", "sessionId",
+                           doc="user messages, lifecycle, feedback from the host")
+TOOL_RESULTS = TopicSpec("tool-results", "io.mnemoflow.ToolResult", "sessionId",
+                         doc="frozen tool observations (ok/error/retry/cancel)")
+AGENT_STEPS = TopicSpec("agent-steps", "io.mnemoflow.AgentStep", "sessionId",
+                        doc="step boundaries and visible assistant output")
+SEGMENTS = TopicSpec("segments", "io.mnemoflow.Segment", "sessionId",
+                     doc="observer output: envelope + sliced text + entities")
+RECALL_REQUESTS = TopicSpec("recall-requests", "io.mnemoflow.RecallRequest", "sessionId",
+                            doc="gate decisions worth a recall (retrieve/prefetch)")
+INBOX = TopicSpec("inbox", "io.mnemoflow.InboxOp", "sessionId", retention_ms=FOREVER,
+                  doc="inject/steer/claim/remove/expire; pending = fold of the log")
+AUDIT = TopicSpec("audit", "io.mnemoflow.AuditRecord", "sessionId", retention_ms=30 * 24 * 3600 * 1000,
+                  doc="every gate and injection decision, digests not raw text")
+MEMORY_LOG = TopicSpec("memory-log", "io.mnemoflow.MemoryEvent", "scope owner",
+                       retention_ms=FOREVER,
+                       doc="source of truth for long-term memory, keyed by scope owner")
+DEAD_LETTER = TopicSpec("dead-letter", "io.mnemoflow.DeadLetter", "source key (raw)",
+                        retention_ms=30 * 24 * 3600 * 1000,
+                        doc="undecodable or invalid records, with reason and original bytes")
+
+CATALOGUE: tuple[TopicSpec, ...] = (
+    SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS, SEGMENTS, RECALL_REQUESTS,
+    INBOX, AUDIT, MEMORY_LOG, DEAD_LETTER,
+)
+INPUT_TOPICS = (SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS)
+
+
+def by_base(base: str) -> TopicSpec:
+    for spec in CATALOGUE:
+        if spec.base == base:
+            return spec
+    raise KeyError(base)

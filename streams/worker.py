@@ -1,0 +1,200 @@
+"""The faust worker: thin agents around the pure stages in mnemoflow.agents.
+
+observer (3 input topics -> segments, memory-log)   state: observer-state table
+gate     (segments -> recall-requests, audit)        state: gate-state table
+recall   (recall-requests -> inbox, audit)           state: broker-state table
+         recall -> rank -> safety -> broker, all pure but the tier I/O
+projector (memory-log -> MemoryStore), a task over all partitions
+
+Every table is keyed by sessionId and co-partitioned with its source topic, so a session's
+state lives with its events. Values are raw Avro bytes: bad bytes go to the dead-letter
+topic with a reason and the stream goes on. concurrency=1 everywhere (see README).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
+from mnemoflow.agents.gate import GateState, decide
+from mnemoflow.agents.observer import ObserverState, observe
+from mnemoflow.agents.rank import rank
+from mnemoflow.agents.recall import TierSpec, recall
+from mnemoflow.agents.safety import check
+from mnemoflow.agents.tuning import Tuning, load_tuning
+from mnemoflow.projections.memory_store import LexicalTier, MemoryStore
+from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
+from mnemoflow.streams import topics as T
+from mnemoflow.streams.config import Settings
+from mnemoflow.streams.deadletter import dead_letter
+from mnemoflow.streams.projector import MemoryLogProjector
+
+log = logging.getLogger(__name__)
+RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Pipeline:
+    """One worker's app, its projection and its tiers; no module-level state anywhere."""
+
+    settings: Settings
+    bootstrap: str
+    tuning: Tuning
+    registry: SchemaRegistry
+    store: MemoryStore
+    app: faust.App
+    projector: MemoryLogProjector
+    tiers: list[TierSpec] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+
+def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = None,
+                   extra_tiers: list[TierSpec] | None = None) -> Pipeline:
+    tuning = tuning or load_tuning(settings.weights_file)
+    registry = default_registry()
+    store = MemoryStore()
+    kw: dict[str, Any] = {}
+    datadir = settings.home / "faust" / settings.app_id
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    if settings.sasl_mechanism:
+        kw["broker_credentials"] = faust.SASLCredentials(
+            username=settings.sasl_username, password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism,
+            ssl_context=settings.client_kwargs().get("ssl_context"))
+    elif settings.security_protocol == "SSL":
+        kw["broker_credentials"] = settings.client_kwargs()["ssl_context"]
+    app = faust.App(
+        settings.app_id, broker=f"kafka://{bootstrap}", store=settings.store,
+        datadir=str(datadir),
+        topic_replication_factor=1, topic_partitions=settings.partitions,
+        web_enabled=False, consumer_auto_offset_reset="earliest", producer_acks=-1,
+        table_standby_replicas=0, broker_commit_every=100, broker_commit_interval=1.0,
+        stream_buffer_maxsize=1024, **kw)
+    projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), store, registry,
+                                   settings.client_kwargs(), group=f"{settings.app_id}-projector")
+    pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector)
+    pipe.tiers = [TierSpec(LexicalTier(store), timeout_s=2.0), *(extra_tiers or [])]
+    _wire(pipe)
+    return pipe
+
+
+def _wire(pipe: Pipeline) -> None:
+    s, app, reg, tun = pipe.settings, pipe.app, pipe.registry, pipe.tuning
+    t = {spec.base: app.topic(spec.name(s), partitions=s.partitions, **RAW) for spec in T.CATALOGUE}
+    inputs = app.topic(*(spec.name(s) for spec in T.INPUT_TOPICS), **RAW)
+    base_of = {spec.name(s): spec for spec in T.CATALOGUE}
+    p = s.partitions
+    observer_state = app.Table("observer-state", default=None, partitions=p)
+    gate_state = app.Table("gate-state", default=None, partitions=p)
+    broker_state = app.Table("broker-state", default=None, partitions=p)
+
+    async def to_dlq(ev: faust.types.EventT, reason: str, detail: str, stage: str) -> None:
+        m = ev.message
+        pipe.bump(f"dead-letter:{reason}")
+        rec = dead_letter(reason, detail, m.topic, m.partition, m.offset, m.key, m.value, stage)
+        await t["dead-letter"].send(key=m.key, value=reg.encode("io.mnemoflow.DeadLetter", rec))
+
+    def decode(ev: faust.types.EventT) -> dict[str, Any]:
+        spec = base_of[ev.message.topic]
+        return reg.decode(ev.message.value, spec.value_schema)[1]
+
+    async def send(topic: str, schema: str, key: str, value: dict[str, Any]) -> None:
+        await t[topic].send(key=key.encode(), value=reg.encode(schema, value))
+
+    @app.agent(inputs, concurrency=1)
+    async def observer(stream: faust.StreamT) -> None:
+        async for ev in stream.events():
+            try:
+                rec = decode(ev)
+            except DecodeError as exc:
+                await to_dlq(ev, exc.reason, exc.detail, "observer")
+                continue
+            sid = rec["sessionId"]
+            source = base_of[ev.message.topic].base
+            state = ObserverState.from_json(observer_state.get(sid), tun.gate.window_cap,
+                                            tun.gate.window_ms)
+            ingest = int((ev.message.timestamp or 0) * 1000)
+            state, obs = observe(state, source, rec, s.max_payload_bytes, ingest)
+            if obs.dead_letter:
+                await to_dlq(ev, *obs.dead_letter, "observer")
+                continue
+            observer_state[sid] = state.to_json()
+            for mem in obs.memory_events:
+                await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
+            if obs.segment is not None:
+                pipe.bump("segments")
+                await send("segments", "io.mnemoflow.Segment", sid, obs.segment)
+
+    @app.agent(t["segments"], concurrency=1)
+    async def gate(stream: faust.StreamT) -> None:
+        async for ev in stream.events():
+            try:
+                seg = decode(ev)
+            except DecodeError as exc:
+                await to_dlq(ev, exc.reason, exc.detail, "gate")
+                continue
+            sid = seg["envelope"]["sessionId"]
+            state = GateState.from_json(gate_state.get(sid), tun.gate)
+            state, out = decide(state, seg, tun.gate)
+            if out.decision is None:
+                continue
+            gate_state[sid] = state.to_json()
+            audit = {**out.audit, "emitTime": _now_ms()}
+            await send("audit", "io.mnemoflow.AuditRecord", sid, audit)
+            if out.request is not None:
+                await send("recall-requests", "io.mnemoflow.RecallRequest", sid, out.request)
+
+    @app.agent(t["recall-requests"], concurrency=1)
+    async def recall_agent(stream: faust.StreamT) -> None:
+        async for ev in stream.events():
+            try:
+                req = decode(ev)
+            except DecodeError as exc:
+                await to_dlq(ev, exc.reason, exc.detail, "recall")
+                continue
+            sid = req["sessionId"]
+            state = BrokerState.from_json(broker_state.get(sid))
+            again = state.replayed(req["requestId"])
+            if again is not None:  # redelivered: re-emit exactly what the first pass emitted
+                out = BrokerOutput(again[0], again[1], replayed=True)
+            else:
+                version = pipe.store.version
+                caught_up = await pipe.projector.barrier(timeout=2.0)
+                result = await recall(req, pipe.tiers, tun.rank.recall_k)
+                if not caught_up:
+                    result.tiers["projection"] = "lagging"
+                ranked = rank(result.candidates, req, state.recent_digests(req["eventTime"]),
+                              version, tun.rank)
+                verdict = check(ranked.kept, req)
+                state, out = build(state, req, result, ranked, verdict, version,
+                                   pipe.store.version, tun.rank)
+            broker_state[sid] = state.to_json()
+            if out.inbox_op is not None:
+                pipe.bump("packets")
+                await send("inbox", "io.mnemoflow.InboxOp", sid, out.inbox_op)
+            await send("audit", "io.mnemoflow.AuditRecord", sid,
+                       {**out.audit, "emitTime": out.audit.get("emitTime") or _now_ms()})
+
+    @app.task
+    async def project_memory_log() -> None:
+        await pipe.projector.run()
+
+
+def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> None:
+    """Blocking: run the faust worker until a signal stops it."""
+    from faust.worker import Worker
+
+    pipe = build_pipeline(settings, bootstrap)
+    worker = Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+from factories import T0, candidate, request
+from mnemoflow.agents.rank import rank
+from mnemoflow.agents.tuning import load_tuning
+
+TUNING = load_tuning().rank
+
+
+def test_every_drop_has_a_reason() -> None:
+    cands = [
+        candidate("m1", "Caroline went to the LGBTQ support group on 7 May", 5.0),
+        candidate("m2", "Caroline went to the LGBTQ support group on 7 May!", 4.5),  # same words
+        candidate("m3", "a secret of another user", 4.0, owner="u2"),
+        candidate("m4", "expired note about parking", 3.0, expires_at=T0 - 1),
+        candidate("m5", "where did I park?", 2.0),  # the question itself: visible
+    ]
+    res = rank(cands, request(), [], "lex/gen1", TUNING)
+    outcome = {r.candidate.memory_id: r.outcome for r in res.ordered}
+    assert outcome == {"m1": "kept", "m2": "duplicate", "m3": "scope", "m4": "expired",
+                       "m5": "visible"}
+
+
+def test_budget_is_utf8_bytes() -> None:
+    t = replace(TUNING, budget_bytes=20)
+    text = "ééééé ééééé"  # 11 characters, 21 bytes
+    assert len(text) == 11 and len(text.encode()) == 21
+    res = rank([candidate("a", text, 2.0), candidate("b", "ascii words here!!", 1.0)],
+               request(), [], "v", t)
+    outcome = {r.candidate.memory_id: r.outcome for r in res.ordered}
+    assert outcome == {"a": "budget", "b": "kept"}
+
+
+def test_budget_drops_with_reason_when_over() -> None:
+    t = replace(TUNING, budget_bytes=30)
+    res = rank([candidate("a", "x" * 25, 2.0), candidate("b", "y" * 10, 1.0)], request(), [], "v", t)
+    outcome = {r.candidate.memory_id: r.outcome for r in res.ordered}
+    assert outcome == {"a": "kept", "b": "budget"}
+    assert sum(len(r.candidate.text.encode()) for r in res.kept) <= 30
+
+
+def test_cross_packet_duplicates_are_dropped() -> None:
+    c = candidate("a", "the wifi password is in the blue notebook", 1.0)
+    res = rank([c], request(), [c.digest], "v", TUNING)
+    assert res.ordered[0].outcome == "duplicate"
+
+
+def test_recency_and_time_window_order_ties() -> None:
+    old = candidate("old", "went hiking with Dana", 1.0, t=T0 - 300 * 86400_000)
+    new = candidate("new", "went hiking with Dana again", 1.0, t=T0 - 86400_000)
+    res = rank([old, new], request(), [], "v", TUNING)
+    assert [r.candidate.memory_id for r in res.ordered] == ["new", "old"]
+    win = request(timeWindow=[T0 - 301 * 86400_000, T0 - 299 * 86400_000])
+    res = rank([old, new], win, [], "v", TUNING)
+    assert res.ordered[0].candidate.memory_id == "old"
+
+
+def test_rank_is_deterministic() -> None:
+    cands = [candidate(f"m{i}", f"memory number {i}", 1.0) for i in range(10)]
+    a = rank(cands, request(), [], "v", TUNING)
+    b = rank(list(reversed(cands)), request(), [], "v", TUNING)
+    assert a == b

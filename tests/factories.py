@@ -1,0 +1,49 @@
+"""Plain-record factories for the pure stages (no Kafka)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mnemoflow.agents.candidate import Candidate
+from mnemoflow.agents.text import digest, semantic_key
+
+T0 = 1_700_000_000_000
+
+
+def user_event(sid: str, seq: int, text: str, t: int = T0, user: str = "u1",
+               **kw: Any) -> dict[str, Any]:
+    return {"schemaVersion": 1, "sessionId": sid, "agentId": "a", "userId": user,
+            "workspaceId": None, "eventSeq": seq, "turn": seq, "step": 0, "eventTime": t,
+            "type": "user_message", "text": text, "provenance": None, "lifecycle": None,
+            "capability": None, "feedbackKind": None, "feedbackRef": None, "attributes": {},
+            **kw}
+
+
+def tool_event(sid: str, seq: int, status: str, t: int = T0, **kw: Any) -> dict[str, Any]:
+    return {"schemaVersion": 1, "sessionId": sid, "agentId": "a", "userId": "u1",
+            "workspaceId": None, "eventSeq": seq, "turn": 1, "step": seq, "eventTime": t,
+            "callId": f"c{seq}", "rootCallId": kw.pop("root", None),
+            "parentCallId": kw.pop("parent", None), "toolName": "deploy", "status": status,
+            "attempt": kw.pop("attempt", 1), "output": kw.pop("output", "done"),
+            "error": kw.pop("error", None), "memoryRefs": [], **kw}
+
+
+def candidate(mid: str, text: str, rel: float = 1.0, owner: str = "u1", scope: str = "User",
+              t: int = T0 - 1000, **kw: Any) -> Candidate:
+    return Candidate(memory_id=mid, kind=kw.pop("kind", "segment"), text=text, scope=scope,
+                     owner=owner, session_id=kw.pop("session_id", "old"),
+                     event_seq=kw.pop("event_seq", 1), event_time=t,
+                     provenance=kw.pop("provenance", "old#1.0"), digest=digest(text),
+                     semantic_key=semantic_key(text), relevance=rel, **kw)
+
+
+def request(text: str = "where did I park?", sid: str = "s1", user: str = "u1", cv: int = 5,
+            t: int = T0, **kw: Any) -> dict[str, Any]:
+    return {"requestId": f"req:{sid}:{cv}", "sessionId": sid, "userId": user,
+            "workspaceId": None, "segmentId": f"seg:{sid}:{cv}", "eventSeq": cv, "eventTime": t,
+            "contextVersion": cv, "kind": "user", "text": text, "entities": [],
+            "digest": digest(text), "action": kw.pop("action", "retrieve"),
+            "reason": "above-threshold", "score": 0.9, "signals": {},
+            "capability": kw.pop("capability", {"supportsPreStep": True}),
+            "ignoredDigests": [], "visibleDigests": [], "timeWindow": None, "ingestTime": 0,
+            **kw}
