@@ -129,10 +129,15 @@ class LexicalIndex:
                     for t in targets:
                         if t not in q:
                             score_term(t, ALIAS_PRIOR, "alias")
+        n_docs = len(self._docs)
         for e in entities:
-            for doc_id in self._entities.get(e.casefold(), ()):
+            docs = self._entities.get(e.casefold(), ())
+            if not docs:
+                continue
+            bonus = ENTITY_BONUS * math.log(1 + n_docs / len(docs)) / math.log(1 + n_docs)
+            for doc_id in docs:
                 if visible_doc(doc_id):
-                    scores[doc_id] += ENTITY_BONUS
+                    scores[doc_id] += bonus  # rare entities count, ubiquitous ones barely do
                     via.setdefault(doc_id, "entity")
         ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
         return [(d, round(s, 6), via[d]) for d, s in ranked]

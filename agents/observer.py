@@ -53,6 +53,10 @@ class Observation:
     redelivered: bool = False
 
 
+def _is_question(text: str) -> bool:
+    return text.rstrip().endswith("?")
+
+
 def payload_digest(record: dict[str, Any]) -> str:
     """Digest of the whole input record; the envelope stores this, never the payload."""
     body = json.dumps(record, sort_keys=True, default=str, ensure_ascii=False)
@@ -107,7 +111,9 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
                  "op": "segment_recorded", "memoryId": seg["segmentId"], "kind": "segment",
                  "source": "user" if seg["kind"] == "user" else "inference",
                  "confidence": 0.6 if seg["kind"] == "user" else 0.4,
-                 "attributes": {"role": seg["kind"]}},)
+                 # a question asks for information rather than stating it: a weak memory
+                 "attributes": {"role": seg["kind"],
+                                "salience": "-1" if _is_question(seg["text"]) else "0"}},)
     if seg["kind"] == "tool" and seg["ok"] is not None:
         outcome = "success" if seg["ok"] else "failure"
         return ({**base, "eventId": stable_id("mem", seg["segmentId"], "episode"),

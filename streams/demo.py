@@ -23,6 +23,7 @@ from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.kafka_local import LocalKafka
 from mnemoflow.streams.reader import TopicReader
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 DATA = Path(os.environ.get("MNEMOFLOW_SHARED", REPO_ROOT.parent / "shared")) / "data"
@@ -79,12 +80,12 @@ async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> Non
                 await hs.user_message(_turn_text(turn), last_t, provenance=turn["dia_id"])
                 sent += 1
             await hs.lifecycle("end", last_t + 1)
-        q_session = host.session(f"{user}/questions", user)
         qt = last_t + 7 * 86400_000
-        await q_session.lifecycle("start", qt, manifest)
-        for i, q in enumerate(qs):
-            await asyncio.sleep(1.5)  # let the memory-log projection catch up first
-            await q_session.user_message(q["question"], qt + (i + 1) * 60_000)
+        await asyncio.sleep(1.5)  # let the memory-log projection catch up first
+        for i, q in enumerate(qs):  # each question in a new session of the same user
+            q_session = host.session(f"{user}/question-{i + 1}", user)
+            await q_session.lifecycle("start", qt + i * 60_000, manifest)
+            await q_session.user_message(q["question"], qt + i * 60_000 + 1000)
     con.print(f"host produced {sent} turns + {len(qs)} questions to {T.SESSION_EVENTS.name(settings)}")
 
     names = [T.SEGMENTS.name(settings), T.AUDIT.name(settings), T.INBOX.name(settings),
@@ -92,7 +93,7 @@ async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> Non
     async with TopicReader(settings, bootstrap, names) as reader:
         def done(rs: list) -> bool:
             brokers = [r for r in rs if r.value and r.value.get("stage") == "broker"
-                       and r.value["sessionId"].endswith("/questions")]
+                       and "/question-" in r.value["sessionId"]]
             return len(brokers) >= len(qs)
         try:
             recs = await reader.wait_for(done, 60)
@@ -113,11 +114,11 @@ async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> Non
     con.print("gate decisions: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
 
     seg_text = {s["segmentId"]: s["text"] for s in segs}
-    tab = Table(title="gate decisions on the question session", show_lines=False)
+    tab = Table(title="gate decisions on the question sessions", show_lines=False)
     for col in ("question", "action", "reason", "score", "signals > 0"):
         tab.add_column(col)
     for a in gates:
-        if a["sessionId"].endswith("/questions") and a["segmentId"] in seg_text \
+        if "/question-" in a["sessionId"] and a["segmentId"] in seg_text \
                 and not seg_text[a["segmentId"]].startswith("lifecycle"):
             sig = ", ".join(k for k, v in sorted(a["signals"].items()) if v > 0)
             tab.add_row(seg_text[a["segmentId"]][:60], a["action"], a["reason"],
@@ -146,11 +147,12 @@ async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> Non
             for it in p["items"]:
                 hit = "[green]evidence[/]" if any(e in it["provenance"].split(",")
                                                   for e in q["evidence"]) else ""
-                con.print(f"   - [{it['provenance']}] {it['text'][:90]} "
-                          f"(score {it['score']:.2f}) {hit}")
+                con.print(f"   - {escape('[' + it['provenance'] + ']')} "
+                          f"{escape(it['text'][:90])} (score {it['score']:.2f}) {hit}")
         dropped = [c for c in b["candidates"] if c["outcome"] != "kept"][:3]
         for d in dropped:
-            con.print(f"     dropped {d['memoryId'][:16]} ({d['provenance']}): {d['outcome']}")
+            con.print(f"     dropped {d['memoryId'][:16]} {escape('(' + d['provenance'] + ')')}: "
+                      f"{d['outcome']}")
 
 
 def main() -> None:

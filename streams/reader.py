@@ -73,12 +73,11 @@ class TopicReader:
     async def drain(self) -> list[Record]:
         """Everything up to the end offsets as of now."""
         ends = await self._c.end_offsets(self._tps)
-        while any(await self._position(tp) < end for tp, end in ends.items()):
+        while True:
+            behind = [tp for tp, end in ends.items() if await self._c.position(tp) < end]
+            if not behind:
+                return self.records
             await self.poll(100)
-        return self.records
-
-    async def _position(self, tp: TopicPartition) -> int:
-        return await self._c.position(tp)
 
     async def wait_for(self, predicate: Callable[[list[Record]], bool],
                        timeout: float = 30.0) -> list[Record]:
