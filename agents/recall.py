@@ -74,3 +74,18 @@ async def recall(request: dict[str, Any], tiers: Sequence[TierSpec], k: int) -> 
         status[name] = "ok"
     ordered = sorted(found.values(), key=lambda c: (-c.relevance, c.memory_id))
     return RecallResult(tuple(ordered), status)
+
+
+@dataclass(frozen=True)
+class FaultyTier:
+    """Wraps a tier so that it raises: used by resilience drills (MNEMOFLOW_FAULT_TIERS)."""
+
+    inner: RecallTier
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    async def search(self, request: dict[str, Any], k: int,
+                     seeds: Sequence[Candidate]) -> list[Candidate]:
+        raise RuntimeError(f"fault injected into tier {self.inner.name}")

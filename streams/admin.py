@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.topics import CATALOGUE, TopicSpec
 
@@ -92,5 +93,27 @@ async def describe_topics(settings: Settings, bootstrap: str) -> list[TopicInfo]
                             configs[entry[0]] = entry[1]
             infos.append(TopicInfo(name, have.get(name, 0), configs, name in have))
         return infos
+    finally:
+        await admin.close()
+
+
+async def group_stable(settings: Settings, bootstrap: str, group: str) -> bool:
+    """True when the consumer group is Stable with at least one member.
+
+    A fresh cluster has no coordinator until the offsets topic exists: that is "not yet".
+    """
+    from aiokafka.errors import KafkaError
+
+    admin = admin_client(settings, bootstrap)
+    try:
+        await admin.start()
+        for resp in await admin.describe_consumer_groups([group]):
+            for g in getattr(resp, "groups", []):
+                # (error_code, group, state, protocol_type, protocol, members)
+                if g[2] == "Stable" and g[5]:
+                    return True
+        return False
+    except KafkaError:
+        return False
     finally:
         await admin.close()

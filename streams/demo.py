@@ -15,16 +15,17 @@ import time
 import uuid
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
 from mnemoflow.agents.temporal import parse_event_time
 from mnemoflow.streams import topics as T
-from mnemoflow.streams.admin import create_topics
+from mnemoflow.streams.admin import create_topics, group_stable
 from mnemoflow.streams.config import REPO_ROOT, Settings
 from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.kafka_local import LocalKafka
 from mnemoflow.streams.reader import TopicReader
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 DATA = Path(os.environ.get("MNEMOFLOW_SHARED", REPO_ROOT.parent / "shared")) / "data"
 QUESTIONS = 4
@@ -39,21 +40,13 @@ def _turn_text(turn: dict) -> str:
 
 
 async def _wait_worker(proc: subprocess.Popen, settings: Settings, bootstrap: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                raise SystemExit(f"worker exited with {proc.returncode}")
-            for g in await admin.describe_consumer_groups([settings.app_id]):
-                if any(grp[2] == "Stable" and grp[5] for grp in getattr(g, "groups", [])):
-                    await asyncio.sleep(1.0)
-                    return
-            await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
+    for _ in range(240):
+        if proc.poll() is not None:
+            raise SystemExit(f"worker exited with {proc.returncode}")
+        if await group_stable(settings, bootstrap, settings.app_id):
+            await asyncio.sleep(1.0)
+            return
+        await asyncio.sleep(0.5)
     raise SystemExit("worker did not join its group in time")
 
 

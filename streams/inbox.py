@@ -15,6 +15,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
+
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.inbox import PendingState, apply, split_expired
 from mnemoflow.schemas.codec import DecodeError

@@ -11,9 +11,10 @@ from aiokafka.errors import (
     NotLeaderForPartitionError,
     RequestTimedOutError,
 )
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from mnemoflow.schemas.codec import SchemaRegistry
 from mnemoflow.streams.config import Settings
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 TRANSIENT = (KafkaConnectionError, KafkaTimeoutError, NotLeaderForPartitionError,
              RequestTimedOutError)

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams.config import Settings
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import faust
+
 from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
 from mnemoflow.agents.gate import GateState, decide
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.rank import rank
-from mnemoflow.agents.recall import TierSpec, recall
+from mnemoflow.agents.recall import FaultyTier, TierSpec, recall
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import Tuning, load_tuning
 from mnemoflow.projections.memory_store import LexicalTier, MemoryStore
@@ -84,7 +85,9 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), store, registry,
                                    settings.client_kwargs(), group=f"{settings.app_id}-projector")
     pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector)
-    pipe.tiers = [TierSpec(LexicalTier(store), timeout_s=2.0), *(extra_tiers or [])]
+    tiers = [TierSpec(LexicalTier(store), timeout_s=2.0), *(extra_tiers or [])]
+    pipe.tiers = [TierSpec(FaultyTier(t.tier), t.timeout_s, t.only_when_fewer_than)
+                  if t.tier.name in settings.fault_tiers else t for t in tiers]
     _wire(pipe)
     return pipe
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.kafka_local import LocalKafka
 

@@ -9,11 +9,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-from mnemoflow.streams.admin import create_topics
+from mnemoflow.streams.admin import create_topics, group_stable
 from mnemoflow.streams.config import Settings
 
 
@@ -34,6 +34,7 @@ def worker_env(settings: Settings, bootstrap: str) -> dict[str, str]:
     env.update(KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_HOME=str(settings.home),
                MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix, MNEMOFLOW_APP_ID=settings.app_id,
                MNEMOFLOW_PARTITIONS=str(settings.partitions), MNEMOFLOW_STORE=settings.store)
+    env["MNEMOFLOW_FAULT_TIERS"] = ",".join(settings.fault_tiers)
     if settings.weights_file:
         env["MNEMOFLOW_WEIGHTS"] = settings.weights_file
     return env
@@ -54,25 +55,17 @@ class WorkerProcess:
             start_new_session=True)
         return self
 
-    async def wait_ready(self, timeout: float = 60.0) -> None:
+    async def wait_ready(self, timeout: float = 90.0) -> None:
         """Ready when the faust consumer group is Stable with a member."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        await admin.start()
         deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"worker exited {self.proc.returncode}: {self.log_tail()}")
-                groups = await admin.describe_consumer_groups([self.settings.app_id])
-                for g in groups:
-                    for grp in getattr(g, "groups", []):
-                        if grp[2] == "Stable" and grp[5]:
-                            await asyncio.sleep(1.0)  # let assignment settle into agents
-                            return
-                await asyncio.sleep(0.5)
-        finally:
-            await admin.close()
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited {self.proc.returncode}: {self.log_tail()}")
+            if await group_stable(self.settings, self.bootstrap, self.settings.app_id):
+                await asyncio.sleep(1.0)  # let the assignment settle into the agents
+                return
+            await asyncio.sleep(0.5)
         raise TimeoutError(f"worker not ready in {timeout}s: {self.log_tail()}")
 
     def log_tail(self, n: int = 3000) -> str:
@@ -94,3 +87,31 @@ class WorkerProcess:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+async def collect(settings: Settings, bootstrap: str, bases: list[str],
+                  until: Callable[[dict[str, list[dict]]], bool], timeout: float = 60.0
+                  ) -> dict[str, list[dict]]:
+    """Read topics (by base name) from the start until `until(records by base)` holds."""
+    from mnemoflow.streams.reader import TopicReader
+
+    names = {f"{settings.topic_prefix}{b}": b for b in bases}
+    async with TopicReader(settings, bootstrap, list(names)) as r:
+        def grouped() -> dict[str, list[dict]]:
+            out: dict[str, list[dict]] = {b: [] for b in bases}
+            for rec in r.records:
+                if rec.value is not None:
+                    out[names[rec.topic]].append(rec.value)
+            return out
+
+        await r.wait_for(lambda _: until(grouped()), timeout)
+        await r.drain()
+        return grouped()
+
+
+def broker_audits(recs: dict[str, list[dict]]) -> list[dict]:
+    return [a for a in recs["audit"] if a["stage"] == "broker"]
+
+
+def gate_audits(recs: dict[str, list[dict]]) -> list[dict]:
+    return [a for a in recs["audit"] if a["stage"] == "gate"]

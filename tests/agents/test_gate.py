@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from factories import T0, user_event
 from mnemoflow.agents.gate import GateState, decide
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.tuning import load_tuning
+
+from factories import T0, user_event
 
 TUNING = load_tuning().gate
 

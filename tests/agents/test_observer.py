@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from factories import T0, tool_event, user_event
 from mnemoflow.agents.observer import ObserverState, observe
+
+from factories import T0, tool_event, user_event
 
 
 def test_segment_has_envelope_with_digest_only() -> None:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from factories import T0, candidate, request
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.tuning import load_tuning
+
+from factories import T0, candidate, request
 
 TUNING = load_tuning().rank
 

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from factories import candidate, request
 from mnemoflow.agents.broker import BrokerState, build, capability_snapshot
 from mnemoflow.agents.rank import Ranked, RankResult, rank
 from mnemoflow.agents.recall import RecallResult
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import load_tuning
+
+from factories import candidate, request
 
 TUNING = load_tuning().rank
 

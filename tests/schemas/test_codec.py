@@ -7,6 +7,7 @@ import struct
 
 import pytest
 from fastavro.schema import fingerprint
+
 from mnemoflow.schemas.codec import (
     MAGIC,
     DecodeError,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from factories import T0, user_event
+
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.admin import TopicMismatch, create_topics, describe_topics
 from mnemoflow.streams.producer import AvroProducer
 from mnemoflow.streams.reader import TopicReader
+
+from factories import T0, user_event
 from support import WorkerProcess, isolated_settings, prepare_topics
 
 pytestmark = pytest.mark.kafka
