@@ -1,0 +1,238 @@
+"""Issue 3 bench: event->packet latency and topology throughput, as ratios to raw Kafka.
+
+Run: .venv/bin/python bench/bench_topology.py [--questions 100 --events 3000]
+Figures are printed, never asserted. Baselines are measured on the same broker in the
+same run: a raw produce->consume round trip, and a raw consume->produce passthrough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from common import RESULTS, bench_settings, broker, fmt, now_ms, pct, peak_rss_mib, start_worker
+
+from mnemoflow.schemas.codec import default_registry
+from mnemoflow.streams.admin import create_topics, group_stable
+from mnemoflow.streams.host import CapabilityManifest, HostClient
+
+T0 = 1_700_000_000_000
+MANIFEST = CapabilityManifest(provider="bench", model="m", supportsPreStep=True)
+
+
+async def _consumer(bootstrap: str, topics: list[str]) -> AIOKafkaConsumer:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="latest",
+                         enable_auto_commit=False, fetch_max_wait_ms=5)
+    await c.start()
+    tps = []
+    for t in topics:
+        parts = c.partitions_for_topic(t)
+        while not parts:
+            await c._client.force_metadata_update()
+            parts = c.partitions_for_topic(t)
+        tps += [TopicPartition(t, p) for p in parts]
+    c.assign(tps)
+    await c.seek_to_end(*tps)
+    for tp in tps:
+        await c.position(tp)
+    return c
+
+
+async def raw_round_trip(bootstrap: str, topic: str, n: int) -> list[float]:
+    """Produce one record, wait until a consumer reads it; repeat."""
+    c = await _consumer(bootstrap, [topic])
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    await p.start()
+    lat = []
+    try:
+        for i in range(n):
+            t = now_ms()
+            await p.send_and_wait(topic, b"x" * 200, key=f"s{i}".encode())
+            got = False
+            while not got:
+                batch = await c.getmany(timeout_ms=1000)
+                got = any(batch.values())
+            lat.append(now_ms() - t)
+    finally:
+        await p.stop()
+        await c.stop()
+    return lat
+
+
+async def raw_passthrough(bootstrap: str, src: str, dst: str, n: int) -> float:
+    """Records/s of a bare consume->produce loop over n records already in `src`."""
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await p.start()
+    for i in range(n):
+        await p.send(src, b"y" * 300, key=f"s{i % 50}".encode())
+    await p.flush()
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                         enable_auto_commit=False)
+    await c.start()
+    parts = c.partitions_for_topic(src)
+    while not parts:
+        await c._client.force_metadata_update()
+        parts = c.partitions_for_topic(src)
+    c.assign([TopicPartition(src, q) for q in parts])
+    done = 0
+    t = time.perf_counter()
+    while done < n:
+        batch = await c.getmany(timeout_ms=500, max_records=1000)
+        for msgs in batch.values():
+            for m in msgs:
+                await p.send(dst, m.value, key=m.key)
+                done += 1
+    await p.flush()
+    dt = time.perf_counter() - t
+    await c.stop()
+    await p.stop()
+    return n / dt
+
+
+async def count_until(bootstrap: str, topic: str, pred, timeout: float = 300.0) -> float:
+    """Seconds until pred(decoded records) holds, reading `topic` from the start."""
+    reg = default_registry()
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                         enable_auto_commit=False)
+    await c.start()
+    parts = c.partitions_for_topic(topic)
+    while not parts:
+        await c._client.force_metadata_update()
+        parts = c.partitions_for_topic(topic)
+    c.assign([TopicPartition(topic, q) for q in parts])
+    recs: list[dict] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not pred(recs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(topic)
+            for msgs in (await c.getmany(timeout_ms=200, max_records=5000)).values():
+                recs += [reg.decode(m.value)[1] for m in msgs]
+    finally:
+        await c.stop()
+    return time.monotonic()
+
+
+def chat_event(sid: str, seq: int, text: str, t: int, user: str = "user-chat") -> dict:
+    return {"schemaVersion": 1, "sessionId": sid, "agentId": "bench", "userId": user,
+            "workspaceId": None, "eventSeq": seq, "turn": seq, "step": 0, "eventTime": t,
+            "type": "user_message", "text": text, "provenance": None, "lifecycle": None,
+            "capability": None, "feedbackKind": None, "feedbackRef": None, "attributes": {}}
+
+
+async def burst(bootstrap: str, topic: str, records: list[dict]) -> None:
+    """Produce batched (no wait per record), so the producer is not what is measured."""
+    reg = default_registry()
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, enable_idempotence=True)
+    await p.start()
+    try:
+        for r in records:
+            await p.send(topic, reg.encode("io.mnemoflow.SessionEvent", r),
+                         key=r["sessionId"].encode())
+        await p.flush()
+    finally:
+        await p.stop()
+
+
+async def main(args: argparse.Namespace) -> dict:
+    s = bench_settings("topo")
+    bootstrap, started = broker(s)
+    await create_topics(s, bootstrap)
+    raw_topic = s.topic("dead-letter")  # an idle topic of ours for the raw baselines
+    out: dict = {}
+
+    raw = await raw_round_trip(bootstrap, raw_topic, args.raw)
+    out["raw_round_trip_ms"] = pct(raw)
+    print("raw produce->consume round trip:", fmt(out["raw_round_trip_ms"]))
+    out["raw_passthrough_rps"] = await raw_passthrough(bootstrap, s.topic("agent-steps"),
+                                                      s.topic("audit"), args.events)
+    print(f"raw consume->produce passthrough: {out['raw_passthrough_rps']:.0f} records/s")
+
+    # fresh topics for the worker (the baselines wrote into some of ours)
+    s = bench_settings("topo")
+    await create_topics(s, bootstrap)
+    proc = start_worker(s, bootstrap)
+    try:
+        while not await group_stable(s, bootstrap, s.app_id):
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
+        async with HostClient(s, bootstrap) as host:
+            # memories for the retrieve path
+            for u in range(args.questions):
+                hs = host.session(f"mem-{u}", f"user-{u}")
+                await hs.lifecycle("start", T0, MANIFEST)
+                await hs.user_message(f"My locker code is zq{u:03d}x at the Riverside gym.", T0 + 1)
+            await count_until(bootstrap, s.topic("audit"),
+                              lambda r: sum(a["stage"] == "gate" for a in r) >= 2 * args.questions)
+            inbox = await _consumer(bootstrap, [s.topic("inbox")])
+            lat = []
+            for u in range(args.questions):
+                hs = host.session(f"ask-{u}", f"user-{u}")
+                await hs.lifecycle("start", T0 + 86_400_000, MANIFEST)
+                t = now_ms()
+                await hs.user_message("What is my locker code at the gym?", T0 + 86_401_000)
+                got = False
+                while not got:
+                    batch = await inbox.getmany(timeout_ms=3000)
+                    got = any(batch.values())
+                    if not batch:
+                        break
+                if got:
+                    lat.append(now_ms() - t)
+            await inbox.stop()
+            out["event_to_packet_ms"] = pct(lat)
+            print("event -> packet readable on inbox:", fmt(out["event_to_packet_ms"]))
+            r = out["event_to_packet_ms"]["p99"] / out["raw_round_trip_ms"]["p99"]
+            out["latency_p99_ratio"] = r
+            print(f"  p99 ratio to raw round trip: {r:.1f}x (target <= 5x)")
+
+            # suppress path: a burst of small talk over 50 sessions, produced batched
+            gates_before = 4 * args.questions
+            t = time.monotonic()
+            await burst(bootstrap, s.topic("session-events"), [
+                chat_event(f"chat-{i % 50}", i // 50 + 1, "ok", T0 + 2 * 86_400_000 + i * 1000)
+                for i in range(args.events)])
+            end = await count_until(
+                bootstrap, s.topic("audit"),
+                lambda rr: sum(a["stage"] == "gate" for a in rr) >= gates_before + args.events)
+            out["suppress_path_eps"] = args.events / (end - t)
+            out["suppress_ratio"] = out["suppress_path_eps"] / out["raw_passthrough_rps"]
+            print(f"suppress path: {out['suppress_path_eps']:.0f} events/s = "
+                  f"{100 * out['suppress_ratio']:.0f}% of raw passthrough (target >= 25%)")
+
+            t = time.monotonic()
+            n = args.questions
+            await burst(bootstrap, s.topic("session-events"), [
+                chat_event(f"ask2-{i}", 1, f"Where is the gym with locker zq{i:03d}x?",
+                           T0 + 3 * 86_400_000 + i, user=f"user-{i}") for i in range(n)])
+            end = await count_until(
+                bootstrap, s.topic("audit"),
+                lambda rr: sum(a["stage"] == "broker" and a["sessionId"].startswith("ask2-")
+                               for a in rr) >= n)
+            out["retrieve_path_eps"] = n / (end - t)
+            out["retrieve_ratio"] = out["retrieve_path_eps"] / out["raw_passthrough_rps"]
+            print(f"retrieve path: {out['retrieve_path_eps']:.0f} events/s = "
+                  f"{100 * out['retrieve_ratio']:.0f}% of raw passthrough")
+        out["worker_peak_rss_mib"] = peak_rss_mib(proc.pid)
+        print(f"worker peak RSS: {out['worker_peak_rss_mib']:.0f} MiB")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if started:
+            from mnemoflow.streams.kafka_local import LocalKafka
+
+            LocalKafka(s).down()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_topology.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--questions", type=int, default=100)
+    ap.add_argument("--events", type=int, default=2000)
+    ap.add_argument("--raw", type=int, default=300)
+    asyncio.run(main(ap.parse_args()))

