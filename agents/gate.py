@@ -20,6 +20,7 @@ from mnemoflow.agents.working_memory import RingEntry, WorkingMemory
 KIND_FACTOR = {"user": 1.0, "tool": 1.0, "assistant": 0.5, "step": 0.5}
 HISTORY_CAP = 256
 IGNORED_CAP = 256
+DONE_CAP = 16
 
 _QUESTION = re.compile(
     r"\?\s*$|^(what|when|where|who|whom|whose|why|how|which|did|do|does|is|are|was|were|can|"
@@ -47,12 +48,14 @@ class GateState:
     conflicts: int = 0
     capability: dict[str, Any] | None = None
     last_cv: int = 0
+    done: tuple[tuple[str, dict[str, Any] | None, dict[str, Any]], ...] = ()  # recent outputs
 
     def to_json(self) -> dict[str, Any]:
         return {"window": self.window.to_json(), "hot": self.hot,
                 "cooldown": [list(c) for c in self.cooldown], "ignored": list(self.ignored),
                 "history": [list(h) for h in self.history], "conflicts": self.conflicts,
-                "capability": self.capability, "last_cv": self.last_cv}
+                "capability": self.capability, "last_cv": self.last_cv,
+                "done": [list(d) for d in self.done]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None, tuning: GateTuning) -> GateState:
@@ -62,14 +65,16 @@ class GateState:
             WorkingMemory.from_json(data["window"], tuning.window_cap, tuning.window_ms),
             data["hot"], tuple((k, int(v)) for k, v in data["cooldown"]),
             tuple(data["ignored"]), tuple((k, int(v)) for k, v in data["history"]),
-            data["conflicts"], data["capability"], data.get("last_cv", 0))
+            data["conflicts"], data["capability"], data.get("last_cv", 0),
+            tuple((d[0], d[1], d[2]) for d in data.get("done", ())))
 
 
 @dataclass(frozen=True)
 class GateOutput:
-    decision: GateDecision | None  # None: the segment was a redelivery and is dropped
+    decision: GateDecision | None  # None: an old redelivery, already decided and emitted
     request: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
+    replayed: bool = False
 
 
 def _phase(entries: tuple[RingEntry, ...]) -> str:
@@ -143,8 +148,19 @@ def _housekeeping(state: GateState, seg: dict[str, Any]) -> GateState:
 def decide(state: GateState, seg: dict[str, Any], tuning: GateTuning) -> tuple[GateState, GateOutput]:
     """One segment in, one decision out (and a recall request unless suppressed)."""
     if seg["contextVersion"] <= state.last_cv:
-        return state, GateOutput(None)  # a redelivered segment: already decided
+        # a redelivery: re-emit what was emitted (its outputs may have been lost in a crash)
+        for sid, req, audit in state.done:
+            if sid == seg["segmentId"]:
+                d = GateDecision(audit["action"], audit["reason"], audit["score"], audit["signals"])
+                return state, GateOutput(d, req, audit, replayed=True)
+        return state, GateOutput(None)
     state = replace(state, last_cv=seg["contextVersion"])
+    state, out = _decide(state, seg, tuning)
+    done = (*state.done, (seg["segmentId"], out.request, out.audit))[-DONE_CAP:]
+    return replace(state, done=done), out
+
+
+def _decide(state: GateState, seg: dict[str, Any], tuning: GateTuning) -> tuple[GateState, GateOutput]:
     now = seg["eventTime"]
     if seg["kind"] in ("lifecycle", "feedback"):
         state = _housekeeping(state, seg)

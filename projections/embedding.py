@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -84,56 +84,59 @@ def _sha256_hex(data: bytes | memoryview) -> str:
 
 # --------------------------------------------------------------------------- numpy kernels
 
-_INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
-# Numerical Recipes `erfcc` (Chebyshev fit): erfc(z) = t*exp(-z^2 + P(t)), t = 1/(1 + z/2),
-# fractional error < 1.2e-7 for all z >= 0. numpy has no erf, math.erf per element is far too
-# slow, and the tanh GELU approximation is off by 3e-4, which the reference fixture rejects.
-# A relative (not absolute) error bound keeps the negative tail of GELU accurate too.
-_ERFC_COEFFS = tuple(
-    np.float32(c)
-    for c in (
-        -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
-        0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277,
-    )
+# GELU must be the exact erf form (the tanh approximation is off by 3e-4, which the reference
+# fixture rejects). numpy has no erf and math.erf per element is far too slow, so erfc comes
+# from Numerical Recipes `erfcc` (a Chebyshev fit): erfc(u) = t * exp(-u^2 + P(t)) with
+# t = 1 / (1 + u/2), fractional error < 1.2e-7 for every u >= 0. The bound is relative, so the
+# tiny negative tail of GELU is as accurate as the rest.
+_ERFCC = (
+    -1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+    0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277,
 )
-_GELU_CHUNK = 65536  # elements per pass: keeps the temporaries in cache
+_INV_SQRT2 = np.float32(1.0 / math.sqrt(2.0))
+_HALF = np.float32(0.5)
+_ONE = np.float32(1.0)
+_ZERO = np.float32(0.0)
+# c0 also absorbs the factor 0.5 * sqrt(2) of g below: exp(P + ln(1/sqrt2)) = P-part / sqrt 2.
+_GELU_C0 = np.float32(_ERFCC[0] + math.log(1.0 / math.sqrt(2.0)))
+_GELU_C = tuple(np.float32(c) for c in _ERFCC[1:])  # c1 .. c9
+_GELU_CHUNK = 32768  # elements per pass: the four temporaries stay in L2 cache
 
 
 def _gelu_inplace(x: np.ndarray) -> None:
-    """Exact (erf) GELU, in place, in cache-sized chunks: it costs as much as a matmul otherwise.
+    """Exact (erf) GELU in place, in cache-sized chunks (it costs as much as a matmul otherwise).
 
-    gelu(x) = x - h for x >= 0 and h for x < 0, with h = 0.5 * x * erfc(|x| / sqrt 2); this
-    form never computes 1 + erf(x) for negative x, so there is no cancellation.
+    With u = |x|/sqrt2 and g = 0.5*|x|*erfc(u) >= 0, gelu(x) = max(x, 0) - g for either sign.
+    This never forms 1 + erf(x) for negative x, so there is no cancellation.
     """
     flat = x.reshape(-1)
     size = min(_GELU_CHUNK, flat.size)
-    z_buf = np.empty(size, np.float32)
+    u_buf = np.empty(size, np.float32)
     t_buf = np.empty(size, np.float32)
     a_buf = np.empty(size, np.float32)
-    c = _ERFC_COEFFS
+    s_buf = np.empty(size, np.float32)
+    c = _GELU_C
     for start in range(0, flat.size, _GELU_CHUNK):
         xs = flat[start:start + _GELU_CHUNK]
         n = xs.size
-        z, t, a = z_buf[:n], t_buf[:n], a_buf[:n]
-        np.abs(xs, out=z)
-        z *= _INV_SQRT2
-        np.multiply(z, np.float32(0.5), out=t)
-        t += np.float32(1.0)
+        u, t, a, sq = u_buf[:n], t_buf[:n], a_buf[:n], s_buf[:n]
+        np.abs(xs, out=u)
+        u *= _INV_SQRT2
+        np.multiply(u, _HALF, out=t)
+        t += _ONE
         np.reciprocal(t, out=t)
-        np.multiply(t, c[9], out=a)
-        for coeff in c[8:0:-1]:
+        np.multiply(t, c[8], out=a)  # Horner, c9 .. c1
+        for coeff in c[7::-1]:
             a += coeff
             a *= t
-        a += c[0]
-        z *= z
-        a -= z
+        a += _GELU_C0
+        np.multiply(u, u, out=sq)
+        a -= sq
         np.exp(a, out=a)
-        a *= t  # erfc(|x| / sqrt 2)
-        a *= xs
-        a *= np.float32(0.5)  # h
-        np.subtract(xs, a, out=z)  # x - h
-        np.copyto(z, a, where=xs < 0)
-        xs[...] = z
+        a *= t
+        a *= u  # g = 0.5 * |x| * erfc(u)
+        np.maximum(xs, _ZERO, out=xs)
+        xs -= a
 
 
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
@@ -152,7 +155,36 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) 
 def _softmax_inplace(s: np.ndarray) -> None:
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    total = s.sum(axis=-1, keepdims=True)
+    np.reciprocal(total, out=total)
+    s *= total
+
+
+_BATCH_OVERHEAD_TOKENS = 24  # fixed cost of one forward call (~7 ms), in padded-token equivalents
+
+
+def _plan_batches(lengths: list[int], batch_size: int) -> list[tuple[int, int]]:
+    """Split ascending `lengths` into runs of at most `batch_size`, minimising padded tokens.
+
+    Plain chunking of a sorted list can still pad many short texts up to one long one (the
+    last chunk); a small dynamic programme over the cut points costs O(n * batch_size) and
+    puts a 256-token outlier in a batch of its own when that is cheaper.
+    """
+    n = len(lengths)
+    best = [0] * (n + 1)  # best[j]: cost of the first j texts
+    cut = [0] * (n + 1)  # cut[j]: where the last run of that best plan starts
+    for j in range(1, n + 1):
+        longest = lengths[j - 1]  # of any run that ends at j, since lengths ascend
+        best[j], cut[j] = min(
+            (best[i] + (j - i) * longest + _BATCH_OVERHEAD_TOKENS, i)
+            for i in range(max(0, j - batch_size), j)
+        )
+    runs: list[tuple[int, int]] = []
+    j = n
+    while j > 0:
+        runs.append((cut[j], j))
+        j = cut[j]
+    return runs[::-1]
 
 
 # --------------------------------------------------------------------------- MiniLM
@@ -186,7 +218,7 @@ class _Weights:
 @dataclass(frozen=True)
 class _Loaded:
     weights: _Weights
-    tokenizer: object  # tokenizers.Tokenizer (untyped extension module)
+    tokenizer: Any  # tokenizers.Tokenizer (an extension type without stubs)
 
 
 # The architecture this forward pass implements; config.json must agree with it.
@@ -223,6 +255,7 @@ class MiniLMEmbedder:
     _HEAD_DIM = 32
     _LN_EPS = 1e-12
     _MASK_FILL = np.float32(-1e9)  # additive attention bias on padding keys: exp() gives 0
+    _ATTN_BLOCK = 1 << 20  # attention scores per step (4 MB of float32)
 
     def __init__(
         self,
@@ -337,10 +370,15 @@ class MiniLMEmbedder:
         for i in range(cls._LAYERS):
             p = f"encoder.layer.{i}."
             att = p + "attention."
+            # Fold the attention scale 1/sqrt(head_dim) into the query projection: it is
+            # linear, so (s*q) . k == s*(q . k) up to float32 rounding, and saves a pass per layer.
+            scale = np.float32(1.0 / math.sqrt(cls._HEAD_DIM))
+            wq = get(att + "self.query.weight").astype(np.float32) * scale
+            bq = get(att + "self.query.bias").astype(np.float32) * scale
             wqkv = np.concatenate(
-                [get(att + f"self.{n}.weight") for n in ("query", "key", "value")], axis=0
+                [wq, get(att + "self.key.weight"), get(att + "self.value.weight")], axis=0
             ).T
-            bqkv = np.concatenate([get(att + f"self.{n}.bias") for n in ("query", "key", "value")])
+            bqkv = np.concatenate([bq, get(att + "self.key.bias"), get(att + "self.value.bias")])
             layers.append(
                 _Layer(
                     wqkv=f32(wqkv),
@@ -370,7 +408,7 @@ class MiniLMEmbedder:
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         loaded = self._ensure_loaded()
-        encs = loaded.tokenizer.encode_batch(texts)  # type: ignore[attr-defined]
+        encs = loaded.tokenizer.encode_batch(texts)
         return [e.ids for e in encs]
 
     def token_counts(self, texts: list[str]) -> list[int]:
@@ -378,7 +416,7 @@ class MiniLMEmbedder:
         return [len(ids) for ids in self._encode(_check_texts(texts))]
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """Embed in length-sorted batches (less padding), returned in the caller's order."""
+        """Embed in length-sorted batches (little padding), returned in the caller's order."""
         texts = _check_texts(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
@@ -386,9 +424,10 @@ class MiniLMEmbedder:
         ids = self._encode(texts)
         weights = self._ensure_loaded().weights
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        for s in range(0, len(order), self.batch_size):
-            idx = order[s:s + self.batch_size]
-            longest = max(len(ids[i]) for i in idx)
+        lengths = [len(ids[i]) for i in order]
+        for s, e in _plan_batches(lengths, self.batch_size):
+            idx = order[s:e]
+            longest = lengths[e - 1]
             batch = np.zeros((len(idx), longest), dtype=np.int64)  # 0 is [PAD]
             mask = np.zeros((len(idx), longest), dtype=np.float32)
             for r, i in enumerate(idx):
@@ -407,23 +446,26 @@ class MiniLMEmbedder:
         x += w.type0
         x = _layer_norm(x.reshape(b * t, h), w.ln_g, w.ln_b, eps)
 
-        padded = bool((mask == 0).any())
-        bias = ((1.0 - mask) * self._MASK_FILL)[:, None, None, :] if padded else None
-        scale = np.float32(1.0 / math.sqrt(hd))
+        # Additive bias on padding keys only; rows are padded on the right.
+        bias = ((_ONE - mask) * self._MASK_FILL)[:, None, None, :]
+        padded = [bool(mask[r, -1] == 0) for r in range(b)]
+        # Sequences per attention step, so the (n, heads, t, t) scores stay cache-sized.
+        step = max(1, self._ATTN_BLOCK // (nh * t * t))
 
         for lw in w.layers:
-            qkv = x @ lw.wqkv
+            qkv = x @ lw.wqkv  # the query third is pre-scaled by 1/sqrt(head_dim)
             qkv += lw.bqkv
             qkv5 = qkv.reshape(b, t, 3, nh, hd).transpose(2, 0, 3, 1, 4)  # (3, b, nh, t, hd)
-            q, k, v = qkv5[0], qkv5[1], qkv5[2]
-            scores = np.matmul(q, k.transpose(0, 1, 3, 2))  # (b, nh, t, t)
-            scores *= scale
-            if bias is not None:
-                scores += bias
-            _softmax_inplace(scores)
-            ctx = np.matmul(scores, v)  # (b, nh, t, hd)
-            ctx = np.ascontiguousarray(ctx.transpose(0, 2, 1, 3)).reshape(b * t, h)
-            attn = ctx @ lw.wo
+            ctx = np.empty((b, t, nh, hd), dtype=np.float32)
+            for s in range(0, b, step):
+                e = min(b, s + step)
+                q, k, v = qkv5[0, s:e], qkv5[1, s:e], qkv5[2, s:e]
+                scores = np.matmul(q, k.transpose(0, 1, 3, 2))  # (n, nh, t, t)
+                if any(padded[s:e]):
+                    scores += bias[s:e]
+                _softmax_inplace(scores)
+                ctx[s:e] = np.matmul(scores, v).transpose(0, 2, 1, 3)
+            attn = ctx.reshape(b * t, h) @ lw.wo
             attn += lw.bo
             attn += x
             x = _layer_norm(attn, lw.ln1_g, lw.ln1_b, eps)
@@ -436,8 +478,7 @@ class MiniLMEmbedder:
             ffn += x
             x = _layer_norm(ffn, lw.ln2_g, lw.ln2_b, eps)
 
-        x3 = x.reshape(b, t, h)
-        summed = np.einsum("bth,bt->bh", x3, mask, dtype=np.float32)
+        summed = np.einsum("bth,bt->bh", x.reshape(b, t, h), mask, dtype=np.float32)
         pooled = summed / mask.sum(axis=1, keepdims=True)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.maximum(norms, np.float32(1e-12))).astype(np.float32, copy=False)
@@ -483,11 +524,18 @@ class CachedEmbedder:
         with self._lock:
             self._cache.clear()
 
+    def load(self) -> None:
+        """Load the wrapped model now, if it loads lazily (AsyncEmbedder.warm_up calls this)."""
+        load = getattr(self.inner, "load", None)
+        if callable(load):
+            load()
+
     @staticmethod
     def _key(text: str) -> bytes:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        """Cached rows are copied out: callers may modify the result without hurting the cache."""
         texts = _check_texts(texts)
         keys = [self._key(t) for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -535,8 +583,9 @@ class AsyncEmbedder:
     def __init__(self, inner: Embedder, max_workers: int = 1) -> None:
         """One worker by default: BLAS already uses every core, more threads just contend."""
         self.inner = inner
-        self._executor = ThreadPoolExecutor(max_workers=max_workers,
-                                            thread_name_prefix="mnemoflow-embed")
+        self._executor = ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="mnemoflow-embed"
+        )
 
     @property
     def name(self) -> str:
@@ -557,8 +606,8 @@ class AsyncEmbedder:
         fut = loop.run_in_executor(self._executor, self.inner.embed, texts)
         try:
             return await asyncio.wait_for(fut, timeout)
-        except TimeoutError as exc:  # asyncio.TimeoutError is TimeoutError since 3.11
-            raise asyncio.TimeoutError(
+        except TimeoutError as exc:  # asyncio.TimeoutError *is* TimeoutError since 3.11
+            raise TimeoutError(
                 f"{self.name}: embedding {len(texts)} texts took longer than {timeout}s"
             ) from exc
 
@@ -570,6 +619,7 @@ class AsyncEmbedder:
         await asyncio.wait_for(fut, timeout)
 
     def close(self, wait: bool = True) -> None:
+        """Drop queued batches; a batch already running still finishes in its thread."""
         self._executor.shutdown(wait=wait, cancel_futures=True)
 
     async def __aenter__(self) -> AsyncEmbedder:

@@ -30,6 +30,8 @@ class Settings:
     ssl_cafile: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SSL_CAFILE"))
     max_payload_bytes: int = field(default_factory=lambda: int(_env("MNEMOFLOW_MAX_PAYLOAD_BYTES", "262144")))
     weights_file: str | None = field(default_factory=lambda: os.environ.get("MNEMOFLOW_WEIGHTS"))
+    session_timeout_s: float = field(
+        default_factory=lambda: float(_env("MNEMOFLOW_SESSION_TIMEOUT_S", "10")))
     # fault injection for resilience drills: these recall tiers raise instead of answering
     fault_tiers: tuple[str, ...] = field(default_factory=lambda: tuple(
         t for t in os.environ.get("MNEMOFLOW_FAULT_TIERS", "").split(",") if t))

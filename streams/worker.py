@@ -81,7 +81,10 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         topic_replication_factor=1, topic_partitions=settings.partitions,
         web_enabled=False, consumer_auto_offset_reset="earliest", producer_acks=-1,
         table_standby_replicas=0, broker_commit_every=100, broker_commit_interval=1.0,
-        stream_buffer_maxsize=1024, **kw)
+        stream_buffer_maxsize=1024,
+        # a crashed worker's partitions move on within seconds instead of a minute
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4), **kw)
     projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), store, registry,
                                    settings.client_kwargs(), group=f"{settings.app_id}-projector")
     pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector)

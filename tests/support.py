@@ -50,7 +50,8 @@ class WorkerProcess:
         self.settings.home.mkdir(parents=True, exist_ok=True)
         log = open(self.settings.home / "worker.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mnemoflow.streams.cli", "worker"],
+            [sys.executable, "-m", "mnemoflow.streams.cli", "worker", "--loglevel",
+             os.environ.get("MNEMOFLOW_TEST_WORKER_LOGLEVEL", "warn")],
             env=worker_env(self.settings, self.bootstrap), stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         return self

@@ -65,11 +65,12 @@ def test_user_ignored_digest_is_suppressed() -> None:
     assert outs[0].decision.reason == "user-ignored"
 
 
-def test_redelivered_segment_is_dropped() -> None:
-    segs = _segments(["What did I tell you about Atlas?"])
-    state, _ = _run(segs)
+def test_redelivered_segment_reemits_the_same_outputs() -> None:
+    segs = _segments(["What did I tell you about Atlas?", "and Melanie?"])
+    state, outs = _run(segs)
     state2, out = decide(state, segs[0], TUNING)
-    assert out.decision is None and state2 == state
+    assert out.replayed and state2 == state
+    assert out.request == outs[0].request and out.audit == outs[0].audit
 
 
 def test_capability_comes_from_lifecycle_segment() -> None:
