@@ -20,7 +20,7 @@ from mnemoflow.agents.tuning import RankTuning
 
 PACKET_SCHEMA_VERSION = 1
 RECENT_CAP = 64
-DONE_CAP = 8
+DONE_CAP = 4
 
 
 def capability_snapshot(manifest: dict[str, Any] | None) -> dict[str, Any]:

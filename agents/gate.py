@@ -18,9 +18,9 @@ from mnemoflow.agents.tuning import GateTuning
 from mnemoflow.agents.working_memory import RingEntry, WorkingMemory
 
 KIND_FACTOR = {"user": 1.0, "tool": 1.0, "assistant": 0.5, "step": 0.5}
-HISTORY_CAP = 256
+HISTORY_CAP = 128
 IGNORED_CAP = 256
-DONE_CAP = 16
+DONE_CAP = 4
 
 _QUESTION = re.compile(
     r"\?\s*$|^(what|when|where|who|whom|whose|why|how|which|did|do|does|is|are|was|were|can|"

@@ -61,6 +61,40 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from mnemoflow.streams import topics as T
+    from mnemoflow.streams.kafka_local import resolve_bootstrap
+    from mnemoflow.streams.replay import ReplayError, Target, reset_offsets, reset_state
+
+    bootstrap = resolve_bootstrap(settings)
+    if args.to_offset is not None:
+        target = Target("offset", args.to_offset)
+    elif args.to_time is not None:
+        from mnemoflow.agents.temporal import parse_event_time
+
+        ms = int(args.to_time) if args.to_time.isdigit() else parse_event_time(args.to_time)
+        if ms is None:
+            print(f"error: cannot read time {args.to_time!r}", file=sys.stderr)
+            return 2
+        target = Target("time", ms)
+    else:
+        target = Target("earliest")
+    group = args.group or settings.app_id
+    topics = args.topics or [spec.name(settings) for spec in T.INPUT_TOPICS]
+    try:
+        offsets = asyncio.run(reset_offsets(settings, bootstrap, group, topics, target))
+    except ReplayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    for tp, off in sorted(offsets.items()):
+        print(f"{group} {tp.topic}[{tp.partition}] -> {off}")
+    if group == settings.app_id and not args.keep_state:
+        for t in asyncio.run(reset_state(settings, bootstrap)):
+            print(f"deleted changelog {t}")
+        print(f"removed local state {settings.home / 'faust' / settings.app_id}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mnemoflow", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -73,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run the stream worker (faust)")
     w.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
     w.set_defaults(func=_worker)
+    r = sub.add_parser("replay", help="reset a stopped consumer group's offsets (and its state)")
+    r.add_argument("--group", help="consumer group (default: the worker's app id)")
+    g = r.add_mutually_exclusive_group(required=True)
+    g.add_argument("--to-earliest", action="store_true")
+    g.add_argument("--to-offset", type=int)
+    g.add_argument("--to-time", help="epoch ms or a timestamp")
+    r.add_argument("--topics", nargs="*", help="default: the three input topics")
+    r.add_argument("--keep-state", action="store_true",
+                   help="do not delete the app's changelogs and local state")
+    r.set_defaults(func=_replay)
     return p
 
 
