@@ -106,6 +106,8 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
         "entities": seg["entities"], "provenance": prov, "ttlMs": None, "subject": None,
         "predicate": None, "object": None, "riskLevel": None,
     }
+    if (rec.get("attributes") or {}).get("memory") == "off":
+        return ()  # the host marked this message ephemeral (a probe, a benchmark question)
     if seg["kind"] in ("user", "assistant") and seg["text"]:
         return ({**base, "eventId": stable_id("mem", seg["segmentId"], "segment"),
                  "op": "segment_recorded", "memoryId": seg["segmentId"], "kind": "segment",
@@ -113,7 +115,7 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
                  "confidence": 0.6 if seg["kind"] == "user" else 0.4,
                  # a question asks for information rather than stating it: a weak memory
                  "attributes": {"role": seg["kind"],
-                                "salience": "-1" if _is_question(seg["text"]) else "0"}},)
+                                "salience": "-3" if _is_question(seg["text"]) else "0"}},)
     if seg["kind"] == "tool" and seg["ok"] is not None:
         outcome = "success" if seg["ok"] else "failure"
         return ({**base, "eventId": stable_id("mem", seg["segmentId"], "episode"),

@@ -28,6 +28,7 @@ class TierSpec:
     tier: RecallTier
     timeout_s: float = 3.0
     only_when_fewer_than: int | None = None  # graph expansion runs only when hits are few
+    weight: float = 1.0  # its share in the rank fusion
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,21 @@ class RecallResult:
         return bool(ran) and all(s in ("error", "timeout") for s in ran)
 
 
-def merge(found: dict[str, Candidate], new: Sequence[Candidate], tier: str) -> None:
-    """Union by memory id, keeping the best relevance and every tier that found it."""
-    for c in new:
+RRF_K = 60
+
+
+def merge(found: dict[str, Candidate], new: Sequence[Candidate], tier: str,
+          weight: float = 1.0) -> None:
+    """Reciprocal-rank fusion: tiers score on different scales (BM25, cosine, PageRank),
+    so each contributes weight / (60 + rank) and a memory found by several tiers adds up."""
+    ordered = sorted(new, key=lambda c: (-c.relevance, c.memory_id))
+    for rank, c in enumerate(ordered, start=1):
+        gain = weight / (RRF_K + rank)
         old = found.get(c.memory_id)
         if old is None:
-            found[c.memory_id] = c.with_tier(tier)
+            found[c.memory_id] = c.with_tier(tier, gain)
         else:
-            found[c.memory_id] = old.with_tier(tier, max(old.relevance, c.relevance))
+            found[c.memory_id] = old.with_tier(tier, old.relevance + gain)
 
 
 async def recall(request: dict[str, Any], tiers: Sequence[TierSpec], k: int) -> RecallResult:
@@ -70,10 +78,11 @@ async def recall(request: dict[str, Any], tiers: Sequence[TierSpec], k: int) -> 
         except Exception:  # a broken optional tier must never break recall
             status[name] = "error"
             continue
-        merge(found, hits, name)
+        merge(found, hits, name, spec.weight)
         status[name] = "ok"
     ordered = sorted(found.values(), key=lambda c: (-c.relevance, c.memory_id))
     return RecallResult(tuple(ordered), status)
+
 
 
 @dataclass(frozen=True)

@@ -67,11 +67,13 @@ class HostSession:
         return rec
 
     async def user_message(self, text: str, event_time: int, provenance: str | None = None,
-                           event_seq: int | None = None) -> dict[str, Any]:
+                           event_seq: int | None = None, remember: bool = True) -> dict[str, Any]:
+        """`remember=False` marks the message ephemeral: observed and recalled for, never stored."""
         self.turn += 1
         self.step = 0
         return await self._session_event(event_time, "user_message", event_seq, text=text,
-                                         provenance=provenance)
+                                         provenance=provenance,
+                                         attributes={} if remember else {"memory": "off"})
 
     async def assistant_message(self, text: str, event_time: int,
                                 provenance: str | None = None) -> dict[str, Any]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.projections.vector_tier import VectorSink
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 
 log = logging.getLogger(__name__)
@@ -22,14 +22,17 @@ log = logging.getLogger(__name__)
 class MemoryLogProjector:
     def __init__(self, bootstrap: str, topic: str, store: MemoryStore, registry: SchemaRegistry,
                  client_kwargs: dict[str, object], group: str | None = None,
-                 on_event: Callable[[dict], None] | None = None) -> None:
+                 sink: VectorSink | None = None) -> None:
         self.bootstrap, self.topic, self.store, self.registry = bootstrap, topic, store, registry
         self.client_kwargs = client_kwargs
         self.group = group
-        self.on_event = on_event
+        self.sink = sink
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
         self.skipped = 0
         self._consumer: AIOKafkaConsumer | None = None
+        # a second client only for end offsets: a broker answers one connection's requests in
+        # order, so asking on the fetching connection would queue behind a long-poll fetch
+        self._offsets: AIOKafkaConsumer | None = None
         self._ready = asyncio.Event()
         self._progress = asyncio.Condition()
 
@@ -39,6 +42,9 @@ class MemoryLogProjector:
                                     **self.client_kwargs)
         await consumer.start()
         self._consumer = consumer
+        self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                         enable_auto_commit=False, **self.client_kwargs)
+        await self._offsets.start()
         try:
             parts = None
             while not parts:
@@ -60,18 +66,25 @@ class MemoryLogProjector:
                         try:
                             _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
                             self.store.apply(ev)
-                            if self.on_event:
-                                self.on_event(ev)
+                            if self.sink is not None:
+                                self.sink.on_event(ev)
                         except DecodeError as exc:
                             self.skipped += 1  # the observer dead-letters at the source
                             log.warning("memory-log %s@%s skipped: %s", tp, m.offset, exc)
                         self.applied[tp] = m.offset + 1
                 async with self._progress:
                     self._progress.notify_all()
-                if batch and self.group:
+                if self.sink is not None and batch:
+                    try:
+                        await self.sink.flush()
+                    except Exception:  # the vector layer may fail; lexical recall goes on
+                        log.exception("vector projection failed; will retry on next batch")
+                        continue
+                if batch and self.group:  # committed = fully projected (lexical and vector)
                     await consumer.commit({tp: off for tp, off in self.applied.items()})
         finally:
             await consumer.stop()
+            await self._offsets.stop()
 
     async def barrier(self, timeout: float = 2.0) -> bool:
         """Wait until every record already in the log is applied; False on timeout."""
@@ -79,8 +92,8 @@ class MemoryLogProjector:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except TimeoutError:
             return False
-        assert self._consumer is not None
-        ends = await self._consumer.end_offsets(list(self.applied))
+        assert self._offsets is not None
+        ends = await self._offsets.end_offsets(list(self.applied))
 
         def caught_up() -> bool:
             return all(self.applied.get(tp, 0) >= end for tp, end in ends.items())

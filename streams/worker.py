@@ -27,7 +27,10 @@ from mnemoflow.agents.rank import rank
 from mnemoflow.agents.recall import FaultyTier, TierSpec, recall
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import Tuning, load_tuning
+from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
 from mnemoflow.projections.memory_store import LexicalTier, MemoryStore
+from mnemoflow.projections.vector_index import IndexMeta, open_index
+from mnemoflow.projections.vector_tier import VectorSink, VectorTier
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
@@ -53,6 +56,7 @@ class Pipeline:
     store: MemoryStore
     app: faust.App
     projector: MemoryLogProjector
+    embedder: AsyncEmbedder | None = None
     tiers: list[TierSpec] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
 
@@ -85,10 +89,20 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         # a crashed worker's partitions move on within seconds instead of a minute
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4), **kw)
+    tiers = [TierSpec(LexicalTier(store), timeout_s=2.0)]
+    sink = embedder = None
+    if settings.vector:
+        embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
+        meta = IndexMeta(embedder.name, embedder.dim, embedder.version)
+        index = open_index(settings.home / "lancedb" / settings.app_id, meta)
+        sink = VectorSink(index, embedder)
+        store.name = f"lexical+vector:{embedder.version}"  # the retrievalVersion says which
+        tiers.append(TierSpec(VectorTier(store, index, embedder), timeout_s=3.0))
+    tiers += extra_tiers or []
     projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), store, registry,
-                                   settings.client_kwargs(), group=f"{settings.app_id}-projector")
-    pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector)
-    tiers = [TierSpec(LexicalTier(store), timeout_s=2.0), *(extra_tiers or [])]
+                                   settings.client_kwargs(), group=f"{settings.app_id}-projector",
+                                   sink=sink)
+    pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector, embedder)
     pipe.tiers = [TierSpec(FaultyTier(t.tier), t.timeout_s, t.only_when_fewer_than)
                   if t.tier.name in settings.fault_tiers else t for t in tiers]
     _wire(pipe)
@@ -194,6 +208,8 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.task
     async def project_memory_log() -> None:
+        if pipe.embedder is not None:
+            await pipe.embedder.warm_up()
         await pipe.projector.run()
 
 

@@ -1,0 +1,89 @@
+"""C-04 tier 2 (vector + time filter) and the projector sink that keeps its index current.
+
+Embedding runs off the event loop (AsyncEmbedder) and is cached by text digest. When the
+query cannot be embedded in time, the tier raises and recall keeps the lexical answer (G-05).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mnemoflow.agents.candidate import Candidate, scope_chain
+from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.projections.vector_index import VectorIndex
+
+EMBED_KINDS = ("segment", "episode", "fact", "procedure")
+
+
+@dataclass
+class VectorTier:
+    store: MemoryStore
+    index: VectorIndex
+    embedder: AsyncEmbedder
+    embed_timeout_s: float = 2.0
+    name: str = "vector"
+
+    async def search(self, request: dict[str, Any], k: int,
+                     seeds: Sequence[Candidate]) -> list[Candidate]:
+        vec = (await self.embedder.embed([request["text"]], self.embed_timeout_s))[0]
+        chain = scope_chain(request)
+        window = tuple(request["timeWindow"]) if request.get("timeWindow") else None
+        loop = asyncio.get_running_loop()
+        hits = await loop.run_in_executor(
+            None, self.index.search, vec, chain, request["eventTime"], k, None)
+        if window:
+            hits += await loop.run_in_executor(
+                None, self.index.search, vec, chain, request["eventTime"], k // 2, window)
+        out: dict[str, Candidate] = {}
+        for mid, sim in hits:
+            rec = self.store.records.get(mid)
+            if rec is not None and not rec.revoked and mid not in out:
+                out[mid] = rec.candidate(sim)
+        return list(out.values())
+
+
+@dataclass
+class VectorSink:
+    """Buffers memory-log records, embeds them in batches off the loop, writes LanceDB."""
+
+    index: VectorIndex
+    embedder: AsyncEmbedder
+    batch: int = 64
+    timeout_s: float = 600.0
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+    written: int = 0
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        if ev["op"] in ("memory_revoked", "fact_revoked", "procedure_deprecated"):
+            self.revoked.append(ev["memoryId"])
+            self.pending = [r for r in self.pending if r["memory_id"] != ev["memoryId"]]
+        elif ev["memoryId"] in self.index.ids:
+            return  # already embedded by an earlier run: the index persists across restarts
+        elif ev["kind"] in EMBED_KINDS and ev.get("text"):
+            ttl = ev.get("ttlMs")
+            self.pending.append({"memory_id": ev["memoryId"], "kind": ev["kind"],
+                                 "text": ev["text"], "scope": ev["scope"], "owner": ev["owner"],
+                                 "event_time": ev["eventTime"],
+                                 "expires_at": ev["eventTime"] + ttl if ttl else 0})
+
+    async def flush(self) -> int:
+        """Embed and write everything buffered; returns how many rows were written."""
+        loop = asyncio.get_running_loop()
+        n = 0
+        while self.pending:
+            rows, self.pending = self.pending[: self.batch], self.pending[self.batch:]
+            vecs = await self.embedder.embed([r["text"] for r in rows], self.timeout_s)
+            await loop.run_in_executor(None, self.index.add, rows, np.asarray(vecs))
+            n += len(rows)
+        for mid in self.revoked:
+            await loop.run_in_executor(None, self.index.revoke, mid)
+        self.revoked.clear()
+        self.written += n
+        return n
