@@ -95,6 +95,23 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from mnemoflow.evaluation.run import load, run_eval
+
+    ids = args.conversations or args.questions
+    roles = tuple(args.roles.split(","))
+    bench = load(args.benchmark, Path(args.file), args.limit, ids, roles)
+    out = Path(args.out or f"bench/results/{args.benchmark}-{args.mode}")
+    command = "mnemoflow " + " ".join(sys.argv[1:])
+    res = run_eval(args.benchmark, bench, out, args.mode, command)
+    o = res["summary"]["overall"]
+    print({k: round(v, 3) for k, v in o.items() if v is not None and (
+        k.endswith("@5") or k.endswith("@10") or k.startswith("packet") or k == "triggered")})
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mnemoflow", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -117,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--keep-state", action="store_true",
                    help="do not delete the app's changelogs and local state")
     r.set_defaults(func=_replay)
+    e = sub.add_parser("eval", help="replay a benchmark through the pipeline and measure it")
+    e.add_argument("benchmark", choices=["locomo", "longmemeval"])
+    e.add_argument("file")
+    e.add_argument("--oracle", help="LongMemEval oracle file (evaluated as its own run)")
+    e.add_argument("--limit", type=int, help="at most N questions")
+    e.add_argument("--conversations", nargs="*", help="LoCoMo sample ids")
+    e.add_argument("--questions", nargs="*", help="LongMemEval question ids")
+    e.add_argument("--mode", choices=["soft", "shadow"], default="soft")
+    e.add_argument("--roles", default="user,assistant", help="LongMemEval turn roles to replay")
+    e.add_argument("--out", help="results folder (default bench/results/<benchmark>-<mode>)")
+    e.set_defaults(func=_eval)
     return p
 
 

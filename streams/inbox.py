@@ -51,6 +51,7 @@ class InboxClient:
         self.registry = producer.registry
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                           enable_auto_commit=False, auto_offset_reset="earliest",
+                                          fetch_max_wait_ms=10,  # a claim waits on its own op
                                           **settings.client_kwargs())
         self._parts: list[int] = []
         self._folds: dict[int, _PartitionFold] = {}

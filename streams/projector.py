@@ -39,7 +39,7 @@ class MemoryLogProjector:
     async def run(self) -> None:
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group,
                                     enable_auto_commit=False, auto_offset_reset="earliest",
-                                    **self.client_kwargs)
+                                    fetch_max_wait_ms=20, **self.client_kwargs)
         await consumer.start()
         self._consumer = consumer
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,

@@ -1,0 +1,49 @@
+"""Baselines over the same turns in the same run: BM25 (rank_bm25) and flat cosine on MiniLM."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+from rank_bm25 import BM25Okapi
+
+from mnemoflow.agents.text import tokens
+from mnemoflow.evaluation.datasets import Benchmark
+
+TOP = 25
+
+
+def bm25(bench: Benchmark) -> dict[str, list[str]]:
+    by_user: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for s in bench.sessions:
+        by_user[s.user] += [(t.provenance, t.text) for t in s.turns]
+    out: dict[str, list[str]] = {}
+    models = {u: BM25Okapi([tokens(x) or ["_"] for _, x in turns]) for u, turns in by_user.items()}
+    for q in bench.questions:
+        turns = by_user.get(q.user, [])
+        if not turns:
+            out[q.qid] = []
+            continue
+        scores = models[q.user].get_scores(tokens(q.text))
+        order = np.argsort(-scores, kind="stable")[:TOP]
+        out[q.qid] = [turns[i][0] for i in order]
+    return out
+
+
+def cosine(bench: Benchmark, turn_vectors: dict[str, np.ndarray],
+           question_vectors: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    """Flat top-k by cosine over the user's turn vectors (the ones the worker indexed)."""
+    by_user: dict[str, list[str]] = defaultdict(list)
+    for s in bench.sessions:
+        by_user[s.user] += [t.provenance for t in s.turns if t.provenance in turn_vectors]
+    out: dict[str, list[str]] = {}
+    for q in bench.questions:
+        provs = by_user.get(q.user, [])
+        if not provs or q.qid not in question_vectors:
+            out[q.qid] = []
+            continue
+        m = np.stack([turn_vectors[p] for p in provs])
+        sims = m @ question_vectors[q.qid]
+        order = np.argsort(-sims, kind="stable")[:TOP]
+        out[q.qid] = [provs[i] for i in order]
+    return out

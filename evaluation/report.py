@@ -1,0 +1,123 @@
+"""metrics.json, a Markdown report and PNG plots (matplotlib) for one replay evaluation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mnemoflow.evaluation.metrics import KS  # noqa: E402
+
+PUBLISHED = {
+    "locomo": {"label": "DRAGON over dialogs (LoCoMo paper; another setup)",
+               "metric": "turn_recall", "values": {5: 0.567, 10: 0.662, 25: 0.767}},
+    "longmemeval": {"label": "Stella, LongMemEval_M (paper; another setup)",
+                    "metric": "session_recall_any", "values": {5: 0.732, 10: 0.862}},
+}
+
+
+def _curve(overall: dict[str, Any], prefix: str, metric: str) -> list[float | None]:
+    return [overall.get(f"{prefix}{metric}@{k}") for k in KS]
+
+
+def write(out: Path, name: str, result: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    lat = result["pipeline"].pop("latency_samples", [])
+    (out / "metrics.json").write_text(json.dumps(result, indent=2, default=float))
+    overall = result["summary"]["overall"]
+    metric = PUBLISHED[name]["metric"]
+    systems = [("mnemoflow", ""), ("BM25", "bm25:"), ("cosine MiniLM", "cosine:")]
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, prefix in systems:
+        ys = _curve(overall, prefix, metric)
+        ax.plot(KS, [y if y is not None else float("nan") for y in ys], marker="o", label=label)
+    pub = PUBLISHED[name]["values"]
+    ax.plot(list(pub), list(pub.values()), "k--", marker="x", label=PUBLISHED[name]["label"])
+    ax.set_xscale("log")
+    ax.set_xticks(list(KS), [str(k) for k in KS])
+    ax.set_xlabel("k")
+    ax.set_ylabel(metric)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{name}: {metric}@k")
+    fig.tight_layout()
+    fig.savefig(out / "recall_at_k.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if lat:
+        ax.hist(lat, bins=40)
+    ax.set_xlabel("event -> packet (ms, from audit records)")
+    ax.set_ylabel("packets")
+    fig.tight_layout()
+    fig.savefig(out / "latency_hist.png", dpi=110)
+    plt.close(fig)
+
+    cats = result["summary"]["per_category"]
+    key = f"{metric}@10"
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([str(c["category"]) for c in cats], [c.get(key) or 0 for c in cats])
+    ax.set_ylabel(key)
+    ax.set_ylim(0, 1)
+    ax.set_title("per category")
+    plt.xticks(rotation=20, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "per_category.png", dpi=110)
+    plt.close(fig)
+
+    p = result["pipeline"]
+    lines = [f"# {name} replay evaluation", "",
+             f"- command: `{result['command']}`", f"- mode: **{result['mode']}** "
+             "(soft = packets injected at the step boundary; shadow = recorded only)",
+             f"- questions: {p['questions']}, haystack events: {result['haystack_events']}",
+             f"- wall time: {result['wall_s']}", f"- tuning: {result['tuning_source']}", "",
+             "## Recall over the ranked candidates recorded in the audit", "",
+             "| system | " + " | ".join(f"{metric}@{k}" for k in KS) + " |",
+             "|---|" + "---|" * len(KS)]
+    for label, prefix in systems:
+        vals = _curve(overall, prefix, metric)
+        lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.3f}"
+                                                  for v in vals) + " |")
+    lines.append(f"| {PUBLISHED[name]['label']} | " + " | ".join(
+        f"{pub[k]:.3f}" if k in pub else "–" for k in KS) + " |")
+    other = [m for m in ("turn_recall", "session_recall", "session_recall_any",
+                         "session_recall_all", "ndcg") if m != metric]
+    lines += ["", "| mnemoflow metric | " + " | ".join(f"@{k}" for k in KS) + " |",
+              "|---|" + "---|" * len(KS)]
+    for m in other:
+        vals = _curve(overall, "", m)
+        if any(v is not None for v in vals):
+            lines.append(f"| {m} | " + " | ".join("–" if v is None else f"{v:.3f}"
+                                                  for v in vals) + " |")
+    lines += ["", "## Packets, triggers, harm, latency", "",
+              f"- packet turn recall (evidence among delivered items): "
+              f"{overall.get('packet_turn_recall', float('nan')):.3f}",
+              f"- question trigger rate (retrieve or prefetch): {p['question_trigger_rate']:.3f}",
+              f"- ordinary-turn injections: {p['ordinary_turn_packets_per_100_events']:.2f} "
+              "packets per 100 events",
+              f"- bytes per packet: mean {p['bytes_per_packet_mean']:.0f}, "
+              f"median {p['bytes_per_packet_p50']:.0f}",
+              f"- harm: {json.dumps(p['harm'])}",
+              f"- event -> packet latency (audit ingest -> emit): {json.dumps(p['latency_ms'])}",
+              "", "## Per category", "",
+              "| category | n | trigger | " + f"{metric}@5 | {metric}@10 | packet_turn_recall |",
+              "|---|---|---|---|---|---|"]
+    for c in cats:
+        def f(v: Any) -> str:
+            return "–" if v is None else f"{v:.3f}"
+        lines.append(f"| {c['category']} | {c['n']} | {f(c.get('triggered'))} | "
+                     f"{f(c.get(f'{metric}@5'))} | {f(c.get(f'{metric}@10'))} | "
+                     f"{f(c.get('packet_turn_recall'))} |")
+    if "abstention" in result["summary"]:
+        a = result["summary"]["abstention"]
+        lines += ["", f"Abstention questions (reported apart, n={a['n']}): "
+                  f"trigger {a.get('triggered', 0):.3f}"]
+    lines += ["", "![recall](recall_at_k.png) ![latency](latency_hist.png) "
+              "![categories](per_category.png)", ""]
+    (out / "report.md").write_text("\n".join(lines))

@@ -1,0 +1,119 @@
+"""`mnemoflow eval locomo|longmemeval FILE`: replay, then measure from the topics, then report."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+
+from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.evaluation import baselines, metrics, report
+from mnemoflow.evaluation.datasets import Benchmark, load_locomo, load_longmemeval
+from mnemoflow.evaluation.replay import replay
+from mnemoflow.streams import topics as T
+from mnemoflow.streams.admin import create_topics, group_stable
+from mnemoflow.streams.config import Settings
+from mnemoflow.streams.reader import TopicReader
+
+con = Console(stderr=True)
+
+
+def eval_settings(name: str) -> Settings:
+    base = Settings()
+    tag = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:4]
+    return base.with_overrides(topic_prefix=f"eval.{name}.{tag}.", app_id=f"eval-{name}-{tag}")
+
+
+async def _read(settings: Settings, bootstrap: str) -> metrics.TopicData:
+    names = {T.AUDIT.name(settings): "audit", T.INBOX.name(settings): "inbox",
+             T.MEMORY_LOG.name(settings): "memory"}
+    async with TopicReader(settings, bootstrap, list(names)) as r:
+        recs = await r.drain()
+    got: dict[str, list[dict]] = {v: [] for v in names.values()}
+    for rec in recs:
+        if rec.value is not None:
+            got[names[rec.topic]].append(rec.value)
+    return metrics.TopicData(got["audit"], got["inbox"], got["memory"])
+
+
+def _cosine_inputs(bench: Benchmark, settings: Settings,
+                   data: metrics.TopicData) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Turn vectors as the worker indexed them (LanceDB), question vectors embedded here."""
+    import lancedb
+
+    from mnemoflow.projections.embedding import MiniLMEmbedder
+
+    prov = {m["memoryId"]: metrics.host_provenance(",".join(m["provenance"]))
+            for m in data.memory if m["op"] == "segment_recorded"}
+    db = lancedb.connect(str(settings.home / "lancedb" / settings.app_id))
+    tbl = db.open_table("memories").to_arrow().select(["memory_id", "vector"])
+    ids = tbl.column("memory_id").to_pylist()
+    vecs = np.asarray(tbl.column("vector").to_pylist(), dtype=np.float32)
+    turn_vectors = {prov[i]: v for i, v in zip(ids, vecs, strict=True) if i in prov}
+    qv = MiniLMEmbedder().embed([q.text for q in bench.questions])
+    return turn_vectors, {q.qid: v for q, v in zip(bench.questions, qv, strict=True)}
+
+
+def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
+             bootstrap: str | None = None) -> dict[str, Any]:
+    settings = eval_settings(name)
+    if settings.bootstrap:
+        bootstrap = settings.bootstrap
+    if bootstrap is None:
+        from mnemoflow.streams.kafka_local import LocalKafka
+
+        bootstrap = LocalKafka(settings).up().bootstrap
+    asyncio.run(create_topics(settings, bootstrap))
+    settings.home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix,
+               MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home))
+    log_path = settings.home / f"{settings.app_id}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker"], env=env,
+                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+    con.print(f"{name}: {len(bench.sessions)} sessions, {len(bench.questions)} questions, "
+              f"mode {mode}, worker log {log_path}")
+    try:
+        async def go() -> Any:
+            while not await group_stable(settings, bootstrap, settings.app_id):
+                if proc.poll() is not None:
+                    raise SystemExit(f"worker exited {proc.returncode}; see {log_path}")
+                await asyncio.sleep(0.5)
+            with Progress(console=con, transient=True) as progress:
+                log = await replay(bench, settings, bootstrap, mode, progress)
+            return log, await _read(settings, bootstrap)
+
+        log, data = asyncio.run(go())
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    lists = {"bm25": baselines.bm25(bench)}
+    tv, qv = _cosine_inputs(bench, settings, data)
+    lists["cosine"] = baselines.cosine(bench, tv, qv)
+    df = metrics.per_question(bench, log, data, lists)
+    result = {
+        "benchmark": name, "mode": mode, "command": command,
+        "tuning_source": load_tuning(settings.weights_file).source,
+        "tuning": load_tuning(settings.weights_file).to_dict(),
+        "haystack_events": log.haystack_events, "wall_s": log.wall_s,
+        "summary": metrics.summarise(df), "pipeline": metrics.pipeline_metrics(bench, log, data, df),
+    }
+    report.write(out, name, result)
+    df.write_csv(out / "per_question.csv")
+    con.print(f"report written to {out}")
+    return result
+
+
+def load(name: str, path: Path, limit: int | None, ids: list[str] | None,
+         roles: tuple[str, ...]) -> Benchmark:
+    if name == "locomo":
+        return load_locomo(path, ids, limit)
+    return load_longmemeval(path, ids, limit, roles)
