@@ -1,87 +1,98 @@
 """N-03 inbox fold: a session's pending packets are the fold of its inbox operations.
 
-Pure and idempotent (ops are applied once by opId), so the pending set can be rebuilt from
-the log after any restart, cancel or resume. The log order is the arbiter between claimers:
-a packet belongs to the first claim op that names it.
+Deterministic and idempotent (each op is applied once, by opId), so the pending set can be
+rebuilt from the log after any restart, cancel or resume. The log order is the arbiter
+between claimers: a packet belongs to the first claim op that names it. The fold mutates
+in place (O(1) per op) because a rebuild folds the whole log.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-CLAIMED_CAP = 4096
 
-
-@dataclass(frozen=True)
+@dataclass
 class PendingState:
-    pending: tuple[dict[str, Any], ...] = ()  # packets, FIFO by inject order
-    steer: tuple[str, ...] = ()  # packet ids that should wake the host
+    pending_by_id: dict[str, dict[str, Any]] = field(default_factory=dict)  # FIFO (insertion)
+    steer: set[str] = field(default_factory=set)  # packet ids that should wake the host
     claimed: dict[str, str] = field(default_factory=dict)  # packetId -> claim opId
-    claimed_digests: tuple[str, ...] = ()
-    applied: frozenset[str] = frozenset()
-    dropped: tuple[tuple[str, str], ...] = ()  # (packetId, why) for the audit trail
+    claimed_digests: set[str] = field(default_factory=set)
+    pending_digests: set[str] = field(default_factory=set)
+    applied: set[str] = field(default_factory=set)
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (packetId, why)
     last_offset: int = -1
 
+    @property
+    def pending(self) -> tuple[dict[str, Any], ...]:
+        return tuple(self.pending_by_id.values())
+
     def pending_ids(self) -> list[str]:
-        return [p["packetId"] for p in self.pending]
+        return list(self.pending_by_id)
 
     def winner(self, packet_id: str) -> str | None:
         return self.claimed.get(packet_id)
 
+    def _take(self, ids: set[str]) -> list[dict[str, Any]]:
+        out = []
+        for pid in ids:
+            p = self.pending_by_id.pop(pid, None)
+            if p is not None:
+                self.pending_digests.discard(p["exactDigest"])
+                out.append(p)
+            self.steer.discard(pid)
+        return out
 
-def _without(pending: tuple[dict[str, Any], ...], ids: set[str]) -> tuple[dict[str, Any], ...]:
-    return tuple(p for p in pending if p["packetId"] not in ids)
+    def apply(self, op: dict[str, Any], offset: int = -1,
+              visible_digests: frozenset[str] = frozenset()) -> PendingState:
+        """Fold one op. `visible_digests`: packet digests already in the host's context."""
+        if op["opId"] in self.applied:
+            return self
+        self.applied.add(op["opId"])
+        self.last_offset = max(self.last_offset, offset)
+        kind = op["op"]
+        if kind in ("inject", "steer"):
+            p = op["packet"]
+            if p is None:
+                return self
+            pid, dig = p["packetId"], p["exactDigest"]
+            if pid in self.claimed or dig in self.claimed_digests:
+                self.dropped.append((pid, "already-claimed"))
+            elif dig in visible_digests:
+                self.dropped.append((pid, "already-visible"))
+            elif pid in self.pending_by_id or dig in self.pending_digests:
+                self.dropped.append((pid, "duplicate-pending"))
+            else:
+                self.pending_by_id[pid] = p
+                self.pending_digests.add(dig)
+                if kind == "steer":
+                    self.steer.add(pid)
+            return self
+        ids = set(op.get("packetIds") or ())
+        if kind == "claim":
+            for p in self._take(ids):
+                self.claimed[p["packetId"]] = op["opId"]
+                self.claimed_digests.add(p["exactDigest"])
+        elif kind in ("remove", "expire"):
+            self._take(ids)
+            self.dropped += [(i, kind) for i in sorted(ids)]
+        return self
 
 
 def apply(state: PendingState, op: dict[str, Any], offset: int = -1,
           visible_digests: frozenset[str] = frozenset()) -> PendingState:
-    """Fold one op. `visible_digests`: packet digests already in the host's context."""
-    if op["opId"] in state.applied:
-        return state
-    state = replace(state, applied=state.applied | {op["opId"]},
-                    last_offset=max(state.last_offset, offset))
-    kind = op["op"]
-    if kind in ("inject", "steer"):
-        p = op["packet"]
-        if p is None:
-            return state
-        pid, dig = p["packetId"], p["exactDigest"]
-        if pid in state.claimed or dig in state.claimed_digests:
-            return replace(state, dropped=(*state.dropped, (pid, "already-claimed")))
-        if dig in visible_digests:
-            return replace(state, dropped=(*state.dropped, (pid, "already-visible")))
-        if any(q["packetId"] == pid or q["exactDigest"] == dig for q in state.pending):
-            return replace(state, dropped=(*state.dropped, (pid, "duplicate-pending")))
-        steer = (*state.steer, pid) if kind == "steer" else state.steer
-        return replace(state, pending=(*state.pending, p), steer=steer)
-    ids = set(op.get("packetIds") or ())
-    if kind == "claim":
-        claimed = dict(state.claimed)
-        digests = list(state.claimed_digests)
-        for p in state.pending:
-            if p["packetId"] in ids and p["packetId"] not in claimed:
-                claimed[p["packetId"]] = op["opId"]
-                digests.append(p["exactDigest"])
-        return replace(state, pending=_without(state.pending, ids), claimed=claimed,
-                       claimed_digests=tuple(digests[-CLAIMED_CAP:]),
-                       steer=tuple(s for s in state.steer if s not in ids))
-    if kind in ("remove", "expire"):
-        return replace(state, pending=_without(state.pending, ids),
-                       steer=tuple(s for s in state.steer if s not in ids),
-                       dropped=(*state.dropped, *[(i, kind) for i in sorted(ids)]))
-    return state
+    return state.apply(op, offset, visible_digests)
 
 
 def fold(ops: list[tuple[int, dict[str, Any]]]) -> PendingState:
     state = PendingState()
     for offset, op in ops:
-        state = apply(state, op, offset)
+        state.apply(op, offset)
     return state
 
 
 def split_expired(state: PendingState, now_ms: int) -> tuple[list[dict], list[dict]]:
     """(live, expired) pending packets at event time `now_ms`; expired are never delivered."""
-    live = [p for p in state.pending if p["expiry"] > now_ms]
-    dead = [p for p in state.pending if p["expiry"] <= now_ms]
+    live = [p for p in state.pending_by_id.values() if p["expiry"] > now_ms]
+    dead = [p for p in state.pending_by_id.values() if p["expiry"] <= now_ms]
     return live, dead

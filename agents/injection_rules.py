@@ -1,107 +1,865 @@
 """Instruction-like memory detector for the safety gate (G-03): a documented rule set, no model.
 
-A memory is reference material. Text that addresses the assistant with new orders (override
-prior instructions, impersonate a system role, exfiltrate secrets, force a tool or a shell
-command, hide instructions) is suppressed before it can reach a request. Reported speech in
-the past tense about such attacks is allowed only when it carries no imperative aimed at the
-assistant; when in doubt the gate suppresses (a missed memory costs less than an injection).
+A recalled memory is reference material. Text that would read as a *new instruction* once it is
+pasted into the agent's next request is suppressed: prompt injection (override the instructions
+in force, pose as a system turn, exfiltrate secrets, force a tool or a shell command, hide text
+from the human reader) and stale orders (standing commands aimed at the assistant that were
+issued in some past session and no longer hold).
+
+Policy for quoted and reported speech (the hard part):
+
+* A *mention* passes: the phrase-level rules (override, persona, standing order, prompt
+  extraction, tool forcing) ignore a hit that sits inside quotation marks, where the quoted text
+  is the bare phrase (no follow-on order such as "... and send the key"), and the same line
+  frames it as discussion ("attack", "example", "phrase", "regex", "talked about", ...).
+  `We talked about how 'ignore previous instructions' attacks work` passes.
+* Everything else is treated as *use*: unquoted reported speech ("the page told the model to
+  ignore previous instructions") is flagged, and so is a quoted phrase that carries a payload.
+  A model reading the memory cannot tell reported speech from a command reliably, and a missed
+  memory costs less than an obeyed one, so the gate errs towards suppression.
+* Structural rules never accept a mention: chat-template tokens, fake tool-call markup, hidden
+  markup, encoded payloads, invisible characters and exfiltration to a concrete destination act
+  on parsers and tokenisers whatever quotes surround them.
+
+Text is normalised first (NFKC, invisible characters removed but recorded, mixed-script
+homoglyphs mapped to Latin, whitespace folded, casefolded); a second de-obfuscated view (leet
+digits, s p a c e d letters, hyphen-chains) is tried by the phrase rules. Everything here is
+pure and deterministic; all patterns are compiled at import, and module state is immutable.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
-ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad]")
+__all__ = ["RULES", "InjectionVerdict", "NormalisedText", "Rule", "detect_injection",
+           "normalise", "rules_markdown"]
+
+_F = re.IGNORECASE | re.MULTILINE
+
+
+def _rx(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, _F)
+
+
+# --------------------------------------------------------------------------- normalisation
+
+# Invisible format characters: zero-width space/joiners, word joiner, BOM, soft hyphen,
+# invisible math operators, bidi marks/embeddings/overrides/isolates, fillers.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u2069\u3164\ufeff\uffa0]")
+_INVISIBLE_RUN = re.compile(_INVISIBLE.pattern + "{3,}")
+# A zero-width character (soft hyphen excepted: it is a legitimate hyphenation hint) between
+# two ASCII letters, i.e. splitting a word so that a keyword filter would not see it.
+_IN_WORD = re.compile(
+    "[A-Za-z](?:[\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\u034f\u180e]+)"
+    "(?=[A-Za-z])")
+_WORD_WITH_INVISIBLE = re.compile("[A-Za-z" + _INVISIBLE.pattern[1:-1] + "]+")
+_TAGS = re.compile("[\U000e0000-\U000e007f]+")
+_VARIATION_RUN = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]{4,}")
+_VARIATION = re.compile("[\ufe00-\ufe0f\U000e0100-\U000e01ef]")
+
+_CONFUSABLES = str.maketrans({
+    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j",
+    "ѕ": "s", "ԁ": "d", "һ": "h", "ԛ": "q", "ԝ": "w", "А": "A", "В": "B", "Е": "E", "К": "K",
+    "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T", "Х": "X", "І": "I", "Ѕ": "S",
+    "α": "a", "ο": "o", "ι": "i", "κ": "k", "ν": "v", "ρ": "p", "υ": "u", "Α": "A", "Β": "B",
+    "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P",
+    "Τ": "T", "Υ": "Y", "Χ": "X",
+})
+_CONFUSABLE_CHARS = frozenset(k for k in map(chr, _CONFUSABLES))
+_TOKEN = re.compile(r"\w+")
+_LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b",
+                       "@": "a", "$": "s"})
+_LEET_TOKEN = re.compile(r"(?<![\w@$])(?=[\w@$]*[a-z])(?=[\w@$]*[0-9@$])[\w@$]{3,}")
+_SPACED = re.compile(r"(?<![\w])(?:\w[ \t]){3,}\w(?![\w])")
+_HYPHEN_CHAIN = re.compile(r"\b\w+(?:-\w+){2,}\b")
+
+# Words that a zero-width character is used to smuggle past keyword filters.
+_TRIGGER_WORDS = frozenset("""
+ignore disregard forget previous prior above instructions instruction system prompt assistant
+override execute run delete remove send password passwords secret secrets token tokens apikey
+reveal jailbreak admin export contacts transfer email upload credentials developer bypass
+""".split())
+
+
+@dataclass(frozen=True)
+class NormalisedText:
+    """The views the rules read, plus the hidden-text signals found while building them."""
+
+    raw: str  # NFKC, invisible characters stripped, homoglyphs mapped, whitespace folded
+    folded: str  # raw, casefolded: what most rules read
+    deobf: str  # folded, plus leet digits, s p a c e d letters and hyphen-chains undone
+    hidden_payloads: tuple[str, ...]  # text decoded from Unicode tags / variation selectors
+    invisible_run: str | None  # a run of >= 3 invisible characters (repr), if any
+    split_words: tuple[str, ...]  # words that had an invisible character inside them
+
+
+def _map_confusables(text: str) -> str:
+    def fix(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if any(c in _CONFUSABLE_CHARS for c in tok) and any("a" <= c.lower() <= "z" for c in tok):
+            return tok.translate(_CONFUSABLES)
+        return tok
+
+    return _TOKEN.sub(fix, text)
+
+
+def _fold_ws(text: str) -> str:
+    text = re.sub(r"[^\S\n]+", " ", text)
+    return re.sub(r" ?\n[\s]*", "\n", text).strip()
+
+
+def _decode_tags(run: str) -> str:
+    return "".join(chr(ord(c) - 0xE0000) for c in run if 0x20 <= ord(c) - 0xE0000 < 0x7F)
+
+
+def _decode_variation(run: str) -> str:
+    data = bytes((ord(c) - 0xFE00) if ord(c) < 0xE0000 else (ord(c) - 0xE0100 + 16) for c in run)
+    return data.decode("utf-8", "replace")
+
+
+def normalise(text: str) -> NormalisedText:
+    """Build the matching views; hidden-text tricks are recorded, not silently dropped."""
+    t = unicodedata.normalize("NFKC", text)
+    payloads: list[str] = []
+    for m in _TAGS.finditer(t):
+        before = t[max(0, m.start() - 1):m.start()]
+        if before == "\U0001f3f4":  # subdivision flags (England, Scotland, Wales) use tags
+            continue
+        if decoded := _decode_tags(m.group(0)).strip():
+            payloads.append(decoded)
+    for m in _VARIATION_RUN.finditer(t):
+        payloads.append(_decode_variation(m.group(0)))
+    run = _INVISIBLE_RUN.search(t)
+    split = tuple(sorted({_INVISIBLE.sub("", w.group(0)).casefold()
+                          for w in _WORD_WITH_INVISIBLE.finditer(t) if _IN_WORD.search(w.group(0))}))
+    t = _VARIATION.sub("", _TAGS.sub("", _INVISIBLE.sub("", t)))
+    t = _map_confusables(t)
+    raw = _fold_ws(t)
+    folded = raw.casefold().replace("\u2019", "'")
+    d = _SPACED.sub(lambda m: m.group(0).replace(" ", "").replace("\t", ""), t)
+    d = _fold_ws(d).casefold().replace("\u2019", "'")
+    d = _LEET_TOKEN.sub(lambda m: m.group(0).translate(_LEET), d)
+    d = _HYPHEN_CHAIN.sub(lambda m: m.group(0).replace("-", " "), d)
+    return NormalisedText(raw, folded, d, tuple(payloads),
+                          repr(run.group(0)) if run else None, split)
+
+
+# --------------------------------------------------------------------------- shared fragments
+
+_PRIOR = (r"(?:previous|prior|above|earlier|preceding|foregoing|former|original|initial|old|"
+          r"existing|current|system|developer|default|given|above-mentioned)")
+_INSTR = (r"(?:instructions?|prompts?|directives?|rules|guidelines?|guidance|guardrails?|"
+          r"constraints?|context|commands?|orders|programming|polic(?:y|ies)|restrictions?|"
+          r"training|conditioning)")
+_DET = r"(?:(?:all|any|every|each|the|your|my|these|those|of|its|all\s+of)\s+)"
+_OVERRIDE_VERB = (r"(?:ignore|disregard|forget|override|bypass|skip|drop|discard|abandon|neglect|"
+                  r"dismiss|overlook|erase|delete|remove|clear|cancel|void|nullify|suspend|"
+                  r"circumvent|set\s+aside|put\s+aside|throw\s+out)")
+# Where an imperative verb may stand: start of a line/clause, after a conjunction, or after
+# leads that address the assistant ("please", "you must", "the agent should", "AI:").
+_START = r"(?:^|(?<=[.!?;:,\n(\[\"'`>*\-])|\b(?:and|then|&&)\b)\s*"
+_LEAD = (r"(?:(?:please|kindly|now|just|immediately|quickly|quietly|silently|secretly|first|"
+         r"next|then|also|finally|simply|go\s+ahead\s+and|proceed\s+to|make\s+sure\s+(?:to|you)|"
+         r"be\s+sure\s+to|remember\s+to|don'?t\s+forget\s+to|you\s+(?:must|should|need\s+to|"
+         r"have\s+to|will|are\s+to|shall)|i\s+(?:need|want)\s+you\s+to|"
+         r"(?:the\s+)?(?:agent|assistant|ai|model|bot|llm|copilot)s?\s+(?:must|should|"
+         r"needs?\s+to|has\s+to|will|shall|is\s+to)|(?:hey\s+|dear\s+)?(?:ai|assistant|agent|"
+         r"bot|model|llm|copilot|chatgpt|gpt|claude)\s*[:,])\s+)*")
+_ADDRESSED = (r"\b(?:authori[sz]ed|asked|wants?|needs?|told|instructed|allowed|permitted|"
+              r"requires?|expects?)\s+you\s+to\s+")
+
+
+def _imp(verbs: str) -> str:
+    """Pattern text for one of `verbs` in imperative position or addressed to 'you'."""
+    return rf"(?:{_START}{_LEAD}|{_ADDRESSED})(?:{verbs})\b"
+
+
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+|;\s+")
+
+_QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb",
+           "\u201e": "\u201c", "`": "`", "\u300c": "\u300d", "\u300e": "\u300f",
+           "\u2039": "\u203a"}
+_META = _rx(
+    r"\b(?:talk(?:ed|ing|s)?|discuss(?:ed|es|ing|ion)?|explain(?:ed|s|ing)?|attacks?|"
+    r"injections?|jailbreaks?|exploits?|payloads?|phrases?|strings?|patterns?|examples?|"
+    r"e\.g\.|classic|known|memes?|jok(?:e|es|ed|ing)|tricks?|techniques?|filters?|detectors?|"
+    r"regex(?:es)?|tests?|test\s+cases?|slides?|blog|paper|articles?|lectures?|course|"
+    r"workshop|demo|red[- ]team|ctf|heuristics?|signatures?|blocklist|denylist|classifiers?|"
+    r"such\s+as|like|called|named|phrasing|wording|subject|headline|title|quot(?:e|es|ed)|"
+    r"mention(?:s|ed)?|matches|flag(?:s|ged)?)\b")
+_CONTINUATION = re.compile(r"\b(?:and|then|but)\b|[,;:&]")
+
+
+def _is_mention(text: str, start: int, end: int) -> bool:
+    """True when text[start:end] is a bare quoted phrase inside a discussion frame."""
+    for i in range(start - 1, max(-1, start - 14), -1):
+        ch = text[i]
+        if ch in "\n":
+            return False
+        if ch not in _QUOTES:
+            continue
+        if ch in "'`" and i > 0 and text[i - 1].isalnum():
+            continue  # an apostrophe, not an opening quote
+        close = _QUOTES[ch]
+        j = text.find(close, end)
+        if j < 0 or j - end > 16 or "\n" in text[end:j]:
+            continue
+        if close in "'`" and j + 1 < len(text) and text[j + 1].isalnum():
+            continue
+        extra = text[i + 1:start] + " " + text[end:j]
+        if len(_TOKEN.findall(extra)) > 2 or _CONTINUATION.search(extra):
+            return False
+        line_start = text.rfind("\n", 0, i) + 1
+        line_end = text.find("\n", j)
+        line_end = len(text) if line_end < 0 else line_end
+        frame = text[line_start:i] + " " + text[j + 1:line_end]
+        return bool(_META.search(frame))
+    return False
+
+
+# --------------------------------------------------------------------------- rule type
 
 
 @dataclass(frozen=True)
 class Rule:
+    """One documented rule: regexes and/or a small predicate returning the evidence span."""
+
     rule_id: str
     name: str
     rationale: str
-    pattern: re.Pattern[str]
+    patterns: tuple[re.Pattern[str], ...] = ()
+    predicate: Callable[[NormalisedText], str | None] | None = None
+    mention_ok: bool = False  # a bare quoted phrase in a discussion frame passes
+    deobfuscate: bool = False  # also try the de-obfuscated view
+
+    def match(self, t: NormalisedText) -> str | None:
+        """The evidence span if the rule fires on `t`, else None."""
+        views = (t.folded, t.deobf) if self.deobfuscate and t.deobf != t.folded else (t.folded,)
+        for view in views:
+            for p in self.patterns:
+                for m in p.finditer(view):
+                    if self.mention_ok and _is_mention(view, m.start(), m.end()):
+                        continue
+                    return m.group(0)
+        if self.predicate is not None:
+            return self.predicate(t)
+        return None
+
+
+# --------------------------------------------------------------------------- INJ-01 / 02
+
+_OVERRIDE_EN = tuple(_rx(p) for p in (
+    rf"\b{_OVERRIDE_VERB}\s+{_DET}{{0,3}}{_PRIOR}\s+(?:\w+\s+)?{_INSTR}\b",
+    rf"\b(?:ignore|disregard|forget|override|bypass|discard|abandon|set\s+aside)\s+"
+    rf"(?:all\s+|any\s+)?(?:of\s+)?your\s+(?:\w+\s+)?{_INSTR}\b",
+    r"\b(?:ignore|disregard|forget|bypass)\s+(?:all|any)\s+(?:(?:the|of\s+the|other|your)\s+)?"
+    r"(?:instructions|rules|guidelines|restrictions|constraints|policies|directives)\b",
+    rf"\b(?:ignore|disregard|forget|set\s+aside)\s+(?:the|any|all)\s+{_INSTR}\s+"
+    r"(?:(?:that\s+)?you\s+(?:were|have\s+been|'ve\s+been|got|received)|(?:given|provided)\s+"
+    r"(?:to\s+)?you|above|below|before|so\s+far|in\s+the\s+system\s+prompt)",
+    r"\b(?:ignore|disregard|forget|set\s+aside|put\s+aside)\s+(?:everything|all|anything|"
+    r"whatever)\s+(?:(?:that\s+)?(?:you\s+(?:were|have\s+been|'ve\s+been)\s+(?:told|given|"
+    r"instructed)|(?:was\s+)?(?:said|written|stated))\s+)?(?:above|before|earlier|previously|"
+    r"prior|so\s+far|until\s+now|up\s+to\s+now)\b",
+    r"\b(?:ignore|disregard)\s+(?:all\s+of\s+|everything\s+)?the\s+above(?=\s+and\b|\s*[,.;:!]|$)",
+    rf"\b(?:pay\s+no\s+attention\s+to|do\s+not\s+follow|don't\s+follow|stop\s+following|"
+    rf"no\s+longer\s+(?:follow|obey|adhere\s+to))\s+{_DET}{{0,2}}(?:your\s+|{_PRIOR}\s+)"
+    rf"(?:\w+\s+)?{_INSTR}\b",
+    rf"\b(?:previous|prior|above|earlier|original|old|all\s+(?:earlier|prior|previous))\s+"
+    rf"{_INSTR}\s+(?:are|is|were|have\s+been)\s+(?:now\s+)?(?:void|null|cancell?ed|revoked|"
+    r"obsolete|invalid|superseded|overridden|lifted|suspended|disabled|no\s+longer\s+"
+    r"(?:valid|in\s+effect|apply))",
+    rf"\b(?:previous|prior|earlier|above|old)\s+{_INSTR}\s+(?:do\s+not|don't|no\s+longer)\s+apply",
+    rf"\b(?:supersedes?|overrides?|replaces?|takes?\s+precedence\s+over|trumps?)\s+"
+    rf"{_DET}{{0,2}}(?:other\s+|{_PRIOR}\s+){_INSTR}\b",
+    r"\breset\s+(?:your|all)\s+(?:instructions|rules|context|memory|programming|guidelines|"
+    r"system\s+prompt)",
+))
+
+_OVERRIDE_INTL = tuple(_rx(p) for p in (
+    # German
+    r"\b(?:ignorier(?:e|en\s+sie)?|vergiss|vergessen\s+sie|missachte|missachten\s+sie|"
+    r"übergehe|überspringe)\s+(?:(?:alle|die|deine|ihre|sämtliche|jegliche|eure)\s+){0,2}"
+    r"(?:(?:vorherigen|bisherigen|obigen|vorigen|früheren|vorangegangenen|ursprünglichen|"
+    r"alten|vorhergehenden|bestehenden)\s+)?(?:anweisungen|instruktionen|befehle|regeln|"
+    r"vorgaben|anordnungen|richtlinien)\b",
+    r"\bvergiss\s+alles\s*,?\s*(?:was|bisher|vorher|oben|davor)",
+    # French
+    r"\b(?:ignore[zr]?|oublie[zr]?|ne\s+tiens\s+pas\s+compte|ne\s+tenez\s+pas\s+compte|"
+    r"fais\s+abstraction|faites\s+abstraction)\s+(?:(?:de|d'|des|toutes|tous|les|tes|vos|ces)"
+    r"\s*){0,3}(?:(?:instructions|consignes|directives|règles|ordres|commandes|indications)"
+    r"\s+(?:précédentes|antérieures|ci-dessus|d'avant|initiales|originales|reçues)|"
+    r"(?:précédentes|anciennes)\s+(?:instructions|consignes|directives|règles))",
+    r"\b(?:ignore[zr]?|oublie[zr]?)\s+(?:toutes\s+)?(?:tes|vos)\s+(?:instructions|consignes|"
+    r"directives|règles)\b",
+    r"\boublie[zr]?\s+tout\s+ce\s+qu(?:'|e\s+)(?:on\s+t'a\s+dit|on\s+vous\s+a\s+dit|précède)",
+    # Spanish / Portuguese
+    r"\b(?:ignora|ignore|ignoren|ignorad|olvida|olvide|olviden|olvidad|omite|omita|descarta|"
+    r"descarte|esqueça|esqueca|esquece|desconsidere|haz\s+caso\s+omiso\s+(?:a|de)|hagan\s+caso"
+    r"\s+omiso\s+(?:a|de)|no\s+hagas\s+caso\s+(?:a|de))\s+(?:(?:todas|todos|las|los|tus|sus|"
+    r"estas|as|os|suas|tuas|de)\s+){0,3}(?:instrucciones|indicaciones|órdenes|ordenes|reglas|"
+    r"directrices|normas|consignas|instruções|instrucoes|regras|diretrizes|ordens)\s+"
+    r"(?:anteriores|previas|prévias|de\s+arriba|acima|originales|originais|iniciales|iniciais|"
+    r"recibidas|dadas)",
+    r"\b(?:ignora|olvida|olvide|omite|esqueça)\s+(?:todas\s+)?(?:tus|sus|suas|tuas)\s+"
+    r"(?:instrucciones|indicaciones|reglas|instruções|regras)\b",
+    r"\bolvida\s+todo\s+lo\s+(?:anterior|que\s+te\s+(?:dijeron|han\s+dicho))",
+    # Italian
+    r"\b(?:ignora|ignorate|dimentica|dimenticate|trascura)\s+(?:(?:tutte|tutti|le|gli|i|tue|"
+    r"sue)\s+){0,3}(?:istruzioni|regole|indicazioni|direttive|ordini)\s+(?:precedenti|"
+    r"prima|sopra|originali|iniziali)",
+    # Dutch
+    r"\b(?:negeer|vergeet)\s+(?:(?:alle|de|je|jouw|uw)\s+){0,2}(?:vorige|eerdere|voorgaande|"
+    r"bovenstaande|oorspronkelijke)\s+(?:instructies|regels|opdrachten|aanwijzingen)",
+    # Russian
+    r"(?:игнорируй|проигнорируй|игнорируйте|забудь|забудьте|не\s+обращай\s+внимания\s+на|"
+    r"отбрось|пропусти)\s+(?:(?:все|всё|свои|твои|ваши|эти)\s+){0,2}(?:(?:предыдущие|прошлые|"
+    r"прежние|вышеуказанные|предшествующие|изначальные|исходные|старые)\s+)?(?:инструкции|"
+    r"указания|правила|команды|распоряжения|установки)",
+    # Chinese (simplified and traditional)
+    r"(?:忽略|无视|無視|忽视|忽視|忘记|忘記|忘掉|不要理会|不要理會|别管|別管|放弃|放棄|跳过|跳過|"
+    r"抛开|拋開)掉?你?(?:之前|以上|上面|先前|前面|此前|所有|一切|上述|原来|原來|原有|原先|全部)"
+    r"的?(?:所有|全部|一切)?的?(?:指令|指示|说明|說明|提示|规则|規則|命令|要求|设定|設定|限制|约束|約束)",
+    # Japanese
+    r"(?:以前|前|上記|これまで|先ほど|今まで)の(?:指示|命令|指令|ルール|設定|プロンプト)"
+    r"(?:を|は)?(?:すべて|全て|全部)?(?:無視|忘れ)",
+    # Korean
+    r"(?:이전|이전의|앞의|위의|기존)\s*(?:모든\s*)?(?:지시|지침|명령|규칙|지시사항|프롬프트)"
+    r"(?:을|를|은|는)?\s*(?:모두\s*)?(?:무시|잊어)",
+))
+
+# --------------------------------------------------------------------------- INJ-03
+
+_ROLE_CUE = (r"(?:you\b|your\b|ignore|disregard|forget|override|the\s+(?:assistant|ai|model)|"
+             r"the\s+user\s+(?:has|is)|assistant|new\s+(?:policy|rule|instruction|task|session)|"
+             r"from\s+now|always|never|do\s+not|don't|respond|reply|answer|grant|obey|comply|"
+             r"print|reveal|output|call|run|execute|send|all\s+(?:earlier|previous|prior))")
+_ROLE_MARKUP = tuple(_rx(p) for p in (
+    r"<\|(?:im_start|im_end|im_sep|system|user|assistant|endoftext|eot_id|start_header_id|"
+    r"end_header_id|begin_of_text|end_of_turn|start_of_turn)\|>",
+    r"<(?:start_of_turn|end_of_turn)>|\[/?inst\]|<</?sys>>",
+    r"^\s*#{2,6}\s*(?:system|instruction|system\s+prompt|developer|new\s+instructions?)\s*:",
+    r"^\s*#{2,6}\s*(?:new|updated|hidden|secret|real)\s+(?:system\s+)?instructions?\b",
+    r"</?(?:system|sys|system_prompt|system-prompt|developer|admin|instructions?)>",
+    r"\[(?:system|admin|developer)\]\s*\(",
+    r"\[(?:system|admin|developer|root)\s+(?:override|note|message|instructions?|prompt|command|"
+    r"notice)\]",
+    rf"\[(?:system|admin|developer)\]\s*:?\s*{_ROLE_CUE}",
+    rf"(?:^|(?<=[.!?\"'>\]}}])\s*)(?:system|developer|sys(?:tem)?\s+(?:prompt|message|override|"
+    rf"notice|note|instruction)s?|admin(?:istrator)?\s+(?:override|note|message|instruction)s?)"
+    rf"(?:\s+(?:to|for)\s+(?:the\s+)?(?:model|ai|assistant|llm|agent))?\s*:\s*"
+    rf"(?:\w+\s+){{0,3}}?{_ROLE_CUE}",
+    r"\b(?:begin|start|end)\s+(?:of\s+)?(?:the\s+)?(?:system|developer|hidden|secret)\s+"
+    r"(?:prompt|message|instructions?)\b",
+    r"\b(?:system|admin|root)\s+override\b",
+    r"^[\s\-=*#\[(<]*(?:end|close)\s+(?:of\s+)?(?:the\s+)?(?:document|context|user\s+input|input|"
+    r"prompt|data|web\s?page|page|file|text|untrusted\s+content)[\s\-=*#\])>]*$"
+    r"(?=[\s\S]{0,300}\b(?:instructions?|you|assistant|ai|model)\b)",
+))
+_HUMAN_TURN = _rx(r"^\s*human\s*:\s.{0,400}?\n\s*assistant\s*:")
+_ROLE_LABEL_START = _rx(r"\A\s*(?:human|user|assistant|system)\s*:")
+
+
+def _forged_turns(t: NormalisedText) -> str | None:
+    """A Human:/Assistant: turn pair embedded after other content forges a conversation."""
+    m = _HUMAN_TURN.search(t.folded)
+    if m and not _ROLE_LABEL_START.match(t.folded):
+        return m.group(0)
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-04
+
+_JAILBREAK_ADJ = (r"(?:unfiltered|uncensored|amoral|unrestricted|unaligned|jailbroken|unethical|"
+                  r"without\s+(?:any\s+)?(?:restrictions|limits|filters|rules|ethics|morals|"
+                  r"guidelines|content\s+polic(?:y|ies))|never\s+refuses?|no\s+(?:rules|"
+                  r"restrictions|limits|filters|guidelines|ethics|morals|ethical\s+guidelines))")
+_PERSONA = tuple(_rx(p) for p in (
+    r"\byou\s+are\s+(?:now|no\s+longer|henceforth)\s+(?:(?:a|an|the|my|in|called|named)\s+)?"
+    r"(?:\w+\s+){0,2}?(?:dan|stan|dude|aim|ai|assistant|model|chatbot|bot|persona|character|"
+    r"jailbroken|jailbreak|unrestricted|unfiltered|uncensored|unaligned|unbound|unlimited|evil|"
+    r"freed|liberated|developer\s+mode|dev\s+mode|god\s+mode|bound|restricted|chatgpt|gpt)\b",
+    r"\b(?:act|behave|respond|answer|roleplay|role-play)\s+(?:as|like)\s+(?:a\s+|an\s+)?"
+    r"(?:dan|stan|aim|dude|evil|unrestricted|unfiltered|uncensored|jailbroken|amoral|unethical|"
+    r"rogue)\b",
+    rf"\b(?:pretend|imagine)\s+(?:that\s+)?(?:you\s+are|you're|to\s+be)\b[^.\n]{{0,80}}?"
+    rf"(?:\bevil\b|{_JAILBREAK_ADJ})",
+    rf"\b(?:you\s+are|you're|act\s+as|acting\s+as|stay\s+in\s+character\s+as|pretend\s+to\s+be|"
+    rf"roleplay\s+as|become)\b[^.\n]{{0,40}}?\b{_JAILBREAK_ADJ}",
+    r"\bdo\s+anything\s+now\b|\bdan\s+mode\b|\bdeveloper\s+mode\s+(?:enabled|activated|on)\b",
+    r"\b(?:enable|enter|activate|switch\s+to|turn\s+on)\s+(?:dan|jailbreak|jailbroken|god|evil|"
+    r"unrestricted|unfiltered|uncensored|chaos)\s+mode\b",
+    r"\b(?:you|chatgpt|the\s+assistant|the\s+ai|the\s+model)\s+(?:are|is)\s+(?:now\s+)?in\s+"
+    r"(?:developer|dan|god|jailbreak|unrestricted|debug|maintenance|admin)\s+mode\b",
+    r"\[\W*jailbreak\]|\[\W*classic\]",
+    r"\b(?:your|all|the)\s+(?:safety\s+|content\s+|ethical\s+)?(?:restrictions|filters|"
+    r"guidelines|guardrails|rules|limits|limitations|safeguards|policies)\s+(?:have\s+been|"
+    r"has\s+been|are|were)\s+(?:now\s+)?(?:removed|lifted|disabled|turned\s+off|suspended|"
+    r"deactivated|revoked|waived)",
+    r"\bsafety\s+(?:filters?|guidelines|guardrails|restrictions|protocols)\s+(?:are\s+|have\s+"
+    r"been\s+)?(?:disabled|removed|lifted|suspended|bypassed)\s+(?:for|in|during)\b",
+    r"\byou\s+have\s+been\s+(?:freed|jailbroken|liberated|unlocked|released\s+from)",
+    r"\b(?:answer|respond|reply)\s+without\s+(?:any\s+)?(?:content\s+polic(?:y|ies)|restrictions|"
+    r"filters|censorship|ethical|moral|safety)",
+    r"你现在是.{0,10}(?:dan|不受|没有任何限制|无限制)|你現在是.{0,10}(?:dan|不受|沒有任何限制|無限制)|"
+    r"(?:开发者|開發者|越狱|越獄)模式",
+))
+
+# --------------------------------------------------------------------------- INJ-05
+
+_RESPOND_VERBS = (r"(?:mention|say|tell|reveal|disclose|answer|respond|reply|refer|recommend|"
+                  r"suggest|include|use|output|write|sign|end|start|begin|speak|talk|address|"
+                  r"call|refuse|obey|follow|comply|ignore|pretend|act|behave|promote|praise|rate|"
+                  r"mark|treat|agree|admit|apologi[sz]e|claim|insist|deny)")
+_AI_NOUN = (r"(?:ai|llm|language\s+model|chatbot|bot|assistant|agent|model|gpt|chatgpt|claude|"
+            r"copilot|summari[sz]er|crawler|screener)")
+_STANDING = tuple(_rx(p) for p in (
+    r"\bfrom\s+now\s+on\b[,:]?\s+(?:you\b|your\b|(?:the\s+)?(?:assistant|ai|model|bot|chatbot|"
+    r"agent)\b|(?:please\s+)?(?:always|never|only|respond|reply|answer|speak|talk|write|act|"
+    r"behave|pretend|call|address|refer|use|say|end|start|begin|sign|include|add|ignore|treat|"
+    r"remember|stop|do\s+not|don't)\b)",
+    rf"\byou\s+(?:will|must|shall|are\s+to|are\s+required\s+to|have\s+to)\s+(?:always|never|"
+    rf"only|henceforth|from\s+now\s+on)\s+(?:\w+\s+)?{_RESPOND_VERBS}\b",
+    r"\b(?:the\s+)?(?:assistant|ai|model|chatbot|bot|agent|llm|gpt|chatgpt|claude|copilot)s?\s+"
+    r"(?:must|shall|should|will|has\s+to|is\s+required\s+to|needs\s+to|is\s+to)\s+(?:always|"
+    r"never|only|henceforth|from\s+now\s+on)\b",
+    r"\b(?:ai|llm|language\s+model|gpt|chatbot)s?\s+(?:agents?|assistants?|models?|systems?|"
+    r"tools?)?\s*(?:\w+\s+){0,4}?(?:processing|reading|summari[sz]ing|parsing|seeing|viewing|"
+    r"crawling|indexing|reviewing|screening|evaluating)\s+(?:this|these|the\s+following)\b",
+    rf"\b(?:notes?|messages?|instructions?|memo|reminder|notice|warning|attention|important|hint)"
+    rf"\s+(?:to|for)\s+(?:(?:any|all|the)\s+)?{_AI_NOUN}s?(?:\s+(?:assistants?|agents?|models?|"
+    rf"systems?))?\s*[:,\-]",
+    r"\battention\s*,?\s*(?:ai|llm|language\s+model|chatbot|model|agent)s?\s*[:,!]",
+    r"\bdear\s+(?:ai|llm|language\s+model|chatgpt|gpt|chatbot)\b",
+    r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|large\s+language\s+model|language\s+model|chatbot|"
+    r"automated\s+\w+|gpt|chatgpt|ai\s+\w+)\b",
+    r"(?:^|(?<=[.!?;(\[\"'/#*\-])\s*)(?:ai|llm|chatbot|copilot|chatgpt|gpt|language\s+model|"
+    r"ai\s+(?:assistant|agent)s?)\s*[,:]\s*(?:please\s+)?(?:ignore|disregard|forget|do\b|don't|"
+    r"never|always|run|execute|send|delete|remove|commit|push|merge|add|insert|write|reply|"
+    r"respond|tell|say|state|include|make|call|use|open|visit|click|recommend|rate|mark|approve|"
+    r"forward|output|print|reveal|summari[sz]e|translate|grant|transfer|book|buy)\b",
+    r"(?:^|(?<=[.!?;(\[\"'/#*\-])\s*)(?:assistant|agent)\s*,\s*(?:please\s+|immediately\s+|"
+    r"now\s+|when\s+[^,\n]{0,60},\s*)?(?:ignore|disregard|forget|do\b|don't|never|always|run|"
+    r"execute|send|delete|remove|state|say|tell|include|forward|approve|reply|respond|output)\b",
+    r"\b(?:do\s+not|don't|dont|never)\s+(?:tell|inform|notify|alert|warn)\s+(?:the\s+)?"
+    r"(?:user|customer|human|operator|owner|requester)s?\b",
+    r"\b(?:do\s+not|don't|dont|never)\s+let\s+(?:the\s+)?(?:user|customer|human)s?\s+know\b",
+    r"\b(?:do\s+not|don't|never)\s+(?:mention|reveal|show)\s+(?:this|it|that)\s+to\s+(?:the\s+)?"
+    r"(?:user|customer|human)s?\b",
+    r"\bwithout\s+(?:telling|informing|notifying|alerting|asking|consulting|warning|letting)\s+"
+    r"(?:the\s+)?(?:user|customer|human|operator|owner)s?\b",
+    r"\b(?:keep|hide)\s+(?:this|it|that)\s+(?:secret\s+|hidden\s+)?from\s+(?:the\s+)?"
+    r"(?:user|customer|human)s?\b",
+    r"\b(?:new|updated|revised|real|actual|true|secret|hidden|additional)\s+(?:system\s+)?"
+    r"(?:instructions?|directives?|orders?|task|objective|goal|rules?|policy)\s*(?:for\s+"
+    r"(?:the\s+)?(?:ai|assistant|model|llm|agent|summari[sz]er)s?\s*)?:\s*(?:\w+\s+){0,4}?"
+    r"(?:you\b|your\b|treat|respond|reply|answer|output|say|do\s+not|don't|always|never|ignore|"
+    r"from\s+now|summari[sz]e|write|tell|include|add|send|mark|rate|approve)",
+    r"\byour\s+(?:new|real|actual|true|only|primary|main)\s+(?:task|goal|objective|purpose|"
+    r"mission|instructions?)\b[^.\n]{0,60}?(?:\bis\s+to\b|\bare\s+to\b|:)",
+    r"\b(?:whenever|when|if|each\s+time|every\s+time)\s+(?:the\s+)?(?:user|customer|someone|"
+    r"anyone|a\s+user)\s+(?:asks?|mentions?|says?|requests?|types?|writes?|brings\s+up|"
+    r"inquires?)\b[^.\n]{0,80}?,\s*(?:always\s+|just\s+|simply\s+)?(?:tell|say|respond|reply|"
+    r"answer|recommend|suggest|claim|insist|deny|refuse|redirect|send|direct|point|state)\b",
+    r"\b(?:respond|reply|answer|speak|talk|write)\s+only\s+(?:with|in|as|using)\b[^.\n]{0,80}?"
+    r"\b(?:from\s+now\s+on|to\s+(?:every|any|all)|always|no\s+matter)",
+    r"(?:^|(?<=[.!?;:]\s))(?:please\s+)?(?:always|never)\s+(?:\w+\s+){0,2}(?:your\s+)?"
+    r"(?:responses?|replies|answers?|summar(?:y|ies)|outputs?)\b",
+    r"\b(?:for|in)\s+(?:all|every|any)\s+(?:future|subsequent|later|upcoming)\s+(?:sessions?|"
+    r"conversations?|chats?|replies|answers|responses|interactions)\b",
+    r"\bfor\s+the\s+rest\s+of\s+(?:our|this|all)\s+(?:conversations?|chats?|sessions?)\b",
+))
+
+# --------------------------------------------------------------------------- INJ-06
+
+_EXTRACTION = tuple(_rx(p) for p in (
+    r"\b(?:reveal|print|show|output|display|repeat|recite|leak|dump|disclose|tell\s+me|give\s+me|"
+    r"share|write\s+out|spell\s+out|translate|paste|copy|return|list|expose|state)\s+(?:me\s+)?"
+    r"(?:all\s+)?(?:of\s+)?(?:your|the)\s+(?:(?:full|entire|complete|original|hidden|initial|"
+    r"secret|exact|verbatim|confidential|internal|real)\s+){0,2}(?:system\s+(?:prompt|message|"
+    r"instructions?)|initial\s+(?:prompt|instructions?)|hidden\s+(?:prompt|instructions?)|"
+    r"(?:developer|dev)\s+(?:message|prompt|instructions?)|instructions\s+you\s+were\s+given|"
+    r"prompt\s+above|pre-?prompt|meta-?prompt)",
+    r"\b(?:repeat|print|output|reproduce|recite)\s+(?:all\s+)?(?:the\s+)?(?:words|text|"
+    r"everything|content|lines?|instructions|messages?)\s+(?:above|before\s+this|prior\s+to\s+"
+    r"this|preceding)",
+    r"\bwhat\s+(?:are|were|is)\s+your\s+(?:initial|original|system|hidden|secret|first|exact)\s+"
+    r"(?:instructions|prompt|message|rules)",
+))
+
+# --------------------------------------------------------------------------- INJ-07
+
+_EXFIL_VERB = _rx(_imp(
+    r"send|post|upload|forward|e-?mail|mail|leak|exfiltrate|transmit|paste|share|submit|copy|"
+    r"append|add|include|attach|put|write|dump|export|sync|pipe|report|deliver|push|publish|"
+    r"relay|text|dm|message|encode|embed|insert|enter|type|fill\s+in|input|save"))
+_SECRET = _rx(
+    r"(?:\b|_)api[\s_-]?keys?\b|\baccess[\s_-]?keys?\b|\bsecret[\s_-]?keys?\b|\bsecrets?\b|"
+    r"\bpass(?:words?|wd|phrases?|codes?)\b|\bcredentials?\b|\bcreds\b|\b(?:session|auth|"
+    r"access|bearer|refresh|admin)\s+tokens?\b|\btokens?\b|\bcookies?\b|\bprivate\s+keys?\b|"
+    r"\bssh\s+keys?\b|\bid_rsa\b|\.ssh\b|\.aws\b|(?<!\w)\.env\b|\benv(?:ironment)?\s+"
+    r"(?:vars?|variables?|file)\b|\baws_\w+|\bconversation(?:\s+history)?\b|\bchat\s+(?:history|"
+    r"logs?|transcripts?)\b|\btranscripts?\b|\buser'?s?\s+(?:\w+\s+)?(?:data|e-?mail\s+address|"
+    r"e-?mails?|address|phone(?:\s+number)?|location|contacts?|messages?|files?|history|details|"
+    r"information|profile|credentials|passwords?|card|credit\s+card|documents?)\b|\bpersonal\s+"
+    r"(?:data|information|details)\b|\bpii\b|\bcredit\s+card|\bcard\s+numbers?\b|\bssn\b|"
+    r"\bsocial\s+security\b|\bsystem\s+prompt\b|\bmemor(?:y|ies)\b|\binbox\b|\ball\s+(?:of\s+)?"
+    r"(?:my|the|your|the\s+user'?s?)?\s*(?:e-?mails|messages|files|contacts|documents)\b|"
+    r"\bseed\s+phrase\b|\b(?:2fa|otp|verification|one-time)\s+codes?\b|\bkeychain\b|"
+    r"\bwallet\b|/etc/(?:passwd|shadow)")
+_DEST = _rx(
+    r"https?://\S+|\bwww\.\S+|\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b|\b[\w-]+\.(?:com|net|org|io|xyz|"
+    r"ru|cn|top|site|app|dev|me|info|biz|shop|online|cc|tk|link|example)\b|\bwebhooks?\b|"
+    r"\bpastebin\b|\bngrok\b|\brequestbin\b|\bdiscord\b|\btelegram\b|\b(?:this|that|the\s+"
+    r"following|the\s+below|my|our)\s+(?:url|link|address|e-?mail|endpoint|server|webhook|site|"
+    r"domain|channel)\b|\baddress\s+below\b|\b(?:in|into)\s+(?:your|the)\s+(?:response|reply|"
+    r"answer|output)\b")
+_EXFIL_DIRECT = tuple(_rx(p) for p in (
+    r"\b(?:reply|respond|answer)\s+with\s+(?:the|your|my|all|its)?\s*(?:\w+\s+){0,2}"
+    r"(?:password|passwd|api\s+key|token|secret|credentials|private\s+key|pin|ssn|otp|"
+    r"verification\s+code)s?\b",
+    r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]*(?:\{|%7b|\$\{|<|\[)[^)\n]{0,80}\)",
+    r"\b(?:render|display|show|include|insert|load|embed|fetch|open|visit)\s+(?:this|the\s+"
+    r"following|an?|the)?\s*(?:image|markdown|link|url|picture|pixel)?\s*:?\s*https?://\S*"
+    r"[?&][\w-]+=\s*(?:\{|%7b|\$\{|<|\[)",
+))
+
+
+def _exfiltration(t: NormalisedText) -> str | None:
+    """Imperative send/post/share + a secret + an external destination, in one sentence."""
+    for s in _SENTENCE_SPLIT.split(t.folded):
+        v = _EXFIL_VERB.search(s)
+        if v and _SECRET.search(s) and _DEST.search(s):
+            return s[v.start():].strip()
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-08
+
+_SIDE_VERBS = (r"deploy|delete|remove|wipe|erase|purge|drop|transfer|wire|pay|purchase|buy|order|"
+               r"book|approve|merge|push|publish|send|e-?mail|forward|post|grant|revoke|disable|"
+               r"enable|shut\s+down|restart|reboot|format|uninstall|install|cancel|unsubscribe|"
+               r"refund|sell|invest|charge|sign|accept|execute|run|call|invoke|trigger|open|"
+               r"visit|download|commit|overwrite|reset|rotate|close|archive|move|upload|share|"
+               r"change|modify|update|create|submit|mark|fetch|ping|navigate\s+to|launch")
+_URGENCY = _rx(
+    r"\b(?:immediately|right\s+away|right\s+now|at\s+once|asap|without\s+(?:asking|confirmation|"
+    r"confirming|approval|permission|checking|review(?:ing)?|waiting|telling|notifying|"
+    r"prompting|hesitation|delay|user\s+(?:approval|consent|confirmation))|no\s+need\s+to\s+"
+    r"(?:confirm|ask|check)|automatically|silently|quietly|secretly|covertly|before\s+(?:the\s+"
+    r"user|anyone|responding|answering|replying|doing\s+anything\s+else)|as\s+soon\s+as\s+you\s+"
+    r"(?:read|see|process|receive)|do\s+not\s+ask|don't\s+ask|skip\s+(?:the\s+)?(?:review|"
+    r"confirmation|approval|checks?))\b")
+_SIDE_IMP = _rx(_imp(_SIDE_VERBS))
+_TOOL_FORCING = tuple(_rx(p) for p in (
+    _imp(r"call|invoke|trigger|run|execute|use|fire|activate|launch")
+    + r"\s+(?:the\s+|your\s+|a\s+)?`?[\w./-]+`?\s+(?:tool|plugin|action|connector|integration|"
+    r"skill)\b",
+    _imp(r"call|invoke|run|execute|trigger")
+    + r"\s+`?(?:transfer|send|delete|remove|drop|wipe|deploy|pay|purchase|buy|grant|approve|"
+    r"exec|shell|run_command|system|spawn|upload|post|email|publish|merge|push|revoke|"
+    r"update_permissions|set_role|create_user|refund)\w*\s*\(",
+    r"\bexecute\s+the\s+following\s+(?:commands?|code|script|snippet|shell\s+commands?|payload)",
+    r"(?:^|<-|←)\s*(?:run|execute)\s+(?:this|it|that)\s+(?:first|now|immediately)\b",
+    r"\b(?:next\s+time|whenever|once|when|if)\s+you\s+(?:have|get|gain)\s+(?:shell|terminal|"
+    r"root|admin|browser|tool|code\s+execution|file\s*system|internet|network)\s+access\b",
+    r"\b(?:quietly|silently|secretly|covertly|invisibly)\s+(?:visit|open|fetch|load|request|ping|"
+    r"call|curl|navigate\s+to|browse\s+to|access|hit)\b[^.\n]{0,40}?https?://",
+))
+_TOOL_NOW = _rx(_imp(r"call|invoke|trigger|run|execute|use|fire")
+                + r"\s+(?:the\s+)?[\w./-]+\s+(?:tool|function|plugin|action|webhook|endpoint)\b"
+                r"[^.\n]{0,60}?\bnow\b")
+_RUN_FOLLOWING = _rx(r"\brun\s+the\s+following\b")
+
+
+def _side_effect_order(t: NormalisedText) -> str | None:
+    """An imperative side effect (deploy, delete, pay, ...) with urgency or no-confirmation."""
+    for s in _SENTENCE_SPLIT.split(t.folded):
+        v = _SIDE_IMP.search(s)
+        if v and _URGENCY.search(s):
+            return s[v.start():].strip()
+        m = _TOOL_NOW.search(s)
+        if m:
+            return m.group(0).strip()
+        r = _RUN_FOLLOWING.search(s)
+        if r and (_URGENCY.search(s) or re.search(r"\b(?:you|assistant|agent|ai)\b", s[:r.start()])):
+            return s[r.start():].strip()
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-09
+
+_DANGEROUS = tuple(_rx(p) for p in (
+    r"\brm\s+(?:-[a-z-]+\s+)*-[a-z]*[rf][a-z]*\s+(?:-[-\w]+\s+)*(?:/(?=[\s`'\")*]|$)|~/?(?=[\s`'\")]|$)|"
+    r"\$home\b|\*|/\*|\.\.?/?(?=\s|$)|/(?:etc|usr|var|bin|boot|lib|home|root|opt|srv|sys)\b|"
+    r"--no-preserve-root)",
+    r"\bsudo\s+rm\s+-",
+    r"\b(?:curl|wget|iwr|invoke-webrequest|irm)\b[^|\n]{0,300}\|\s*(?:sudo\s+)?(?:(?:ba|z|k|da|fi)?"
+    r"sh|python[0-9.]*|perl|ruby|node|iex|powershell)\b",
+    r"\b(?:ba|z)?sh\s+-c\s+[\"']?\$\(\s*(?:curl|wget)",
+    r"\biex\b\s*\(?\s*\(?\s*(?:new-object|iwr|invoke-webrequest|irm|invoke-restmethod)|"
+    r"downloadstring\s*\(",
+    r"base64\s+(?:-d|--decode)\b[^\n]{0,80}\|\s*(?:sudo\s+)?(?:ba|z)?sh\b",
+    r"\bmkfs(?:\.\w+)?\s+/dev/|\bdd\s+if=\S+\s+of=/dev/(?:sd|nvme|hd|disk|xvd|vd)",
+    r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:",
+    r">\s*/dev/(?:sd|nvme|hd)[a-z]",
+    r"\bchmod\s+(?:-r\s+)?0?777\s+/(?=\s|$)|\bchown\s+-r\s+\S+\s+/(?=\s|$)",
+    r"/dev/tcp/\d|\bnc(?:at)?\s+(?:-\w+\s+)*-e\s+/bin/(?:ba)?sh|\bsocat\b[^\n]{0,80}exec:",
+    r"\bdrop\s+(?:table|database|schema)\b|\btruncate\s+table\b|\bdelete\s+from\s+\w+\s*(?:;|$)",
+    r"\bgit\s+push\s+(?:\S+\s+)*?(?:--force|-f)(?![\w-])",
+    r"\bos\.system\s*\(|\bsubprocess\.\w+\s*\([^)]{0,100}(?:curl|wget|rm\s+-rf)",
+    r"\beval\s*\(\s*(?:atob|base64|unescape|decodeuricomponent)",
+    r"\bshutdown\s+(?:-h|-r|/s|/r)\b|\bformat\s+c:|\bdel\s+/[fsq]\b|\bkill\s+-9\s+-1\b",
+    r"\b(?:env|printenv)\s*\|\s*(?:curl|nc|wget)\b",
+    r"\bcat\s+[~/.\w-]*(?:\.ssh/|/etc/shadow|\.aws/credentials)",
+    r"\b(?:curl|wget)\s[^\n]{0,200}(?:-d|--data(?:-binary)?|-f|--upload-file|-t)\s+@?[~/.\w-]*"
+    r"(?:\.ssh|\.aws|\.env|/etc/passwd|id_rsa|credentials)",
+))
+# Official installer scripts that documentation legitimately pipes into a shell.
+_TRUSTED_INSTALLERS = _rx(
+    r"https://(?:sh\.rustup\.rs|get\.docker\.com|install\.python-poetry\.org|astral\.sh/uv/|"
+    r"bun\.sh/install|deno\.land/install|raw\.githubusercontent\.com/(?:nvm-sh/nvm|"
+    r"homebrew/install)/)")
+# Narration, warnings and descriptions around a command: it is being talked about, not ordered.
+_NARRATIVE = _rx(
+    r"\b(?:i|we|he|she|they|someone|somebody|my|our)\b|\b(?:ran|executed|typed|tried|installed|"
+    r"used|did|had|was|were|accidentally|yesterday|ago|last\s+(?:week|night|time|month|year)|"
+    r"earlier\s+today|never|don't|do\s+not|avoid|warning|beware|dangerous|careful|caution|"
+    r"what\s+does|why|how\s+does|explain(?:s|ed)?|means?|rewrites?|deletes?|removes?|wipes?|"
+    r"destroys?|erases?|is|are|would|could|can)\b")
+_SENTENCE_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=\S)|\n")
+
+
+def _dangerous_command(t: NormalisedText) -> str | None:
+    """A destructive or remote-code command that is not narrated, described or warned about."""
+    text = t.folded
+    for p in _DANGEROUS:
+        for m in p.finditer(text):
+            starts = [b.end() for b in _SENTENCE_BOUNDARY.finditer(text, 0, m.start())]
+            s0 = starts[-1] if starts else 0
+            e = _SENTENCE_BOUNDARY.search(text, m.end())
+            s1 = e.start() if e else len(text)
+            if _TRUSTED_INSTALLERS.search(text, s0, m.end()):
+                continue
+            around = text[s0:m.start()] + " " + text[m.end():s1]
+            if _NARRATIVE.search(around):
+                continue
+            return m.group(0)
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-10
+
+_HTML_COMMENT = re.compile(r"<!--(.{0,2000}?)-->", re.S)
+_MD_COMMENT = _rx(r"^\s*\[(?://|comment)\]:\s*(?:#|<>)\s*\((.{0,1000}?)\)\s*$")
+_HIDDEN_TAG = _rx(
+    r"<(\w+)\b[^>]{0,300}?(?:display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0(?:px|pt|"
+    r"em|rem|%)?\s*[;\"']|opacity\s*:\s*0(?:\.0+)?\s*[;\"']|color\s*:\s*(?:#fff(?:fff)?|white)\b|"
+    r"\bhidden\b|aria-hidden\s*=\s*[\"']true)[^>]{0,300}>([^<]{0,600})")
+_ATTR_TEXT = _rx(r"\b(?:alt|title|aria-label|data-[\w-]+)\s*=\s*\"([^\"]{0,500})\"")
+_AI_CUE = _rx(r"\b(?:ai|llm|language\s+model|chatbot|assistants?|agents?|model|gpt|chatgpt|"
+              r"claude|copilot|system|prompt|instructions?)\b")
+_ORDER_CUE = _rx(
+    r"\b(?:you|your|ignore|disregard|forget|tell|say|state|respond|reply|answer|include|add|"
+    r"recommend|obey|follow|do\s+not|don't|always|never|must|should|output|print|reveal|send|"
+    r"forward|execute|run|summari[sz]e|rate|mark|claim)\b")
+
+
+def _hidden_markup(t: NormalisedText) -> str | None:
+    """Comments, invisible elements and attributes are read by the model, not by the human."""
+    text = t.folded
+    for m in _HTML_COMMENT.finditer(text):
+        if _AI_CUE.search(m.group(1)) and _ORDER_CUE.search(m.group(1)):
+            return m.group(0)
+    for m in _MD_COMMENT.finditer(text):
+        if _AI_CUE.search(m.group(1)) and _ORDER_CUE.search(m.group(1)):
+            return m.group(0)
+    for m in _HIDDEN_TAG.finditer(text):
+        if _ORDER_CUE.search(m.group(2)):
+            return m.group(2).strip() or m.group(0)
+    for m in _ATTR_TEXT.finditer(text):
+        if _AI_CUE.search(m.group(1)) and _ORDER_CUE.search(m.group(1)):
+            return m.group(0)
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-11
+
+_DECODE_AND_RUN = tuple(_rx(p) for p in (
+    r"\b(?:decode|decrypt|deobfuscate|unescape|convert|apply\s+rot-?13|rot-?13|base64[\s-]*decode"
+    r"|b64decode|atob)\b[^.\n]{0,80}?\b(?:run|execute|exec|eval|follow|obey|carry\s+out|perform|"
+    r"comply\s+with|act\s+on|do)\s+(?:it\b|this\b|that\b|them\b|the\s+(?:result|output|decoded"
+    r"\s+\w+|instructions?|commands?|code|contents?|payload|script|text)\b|what(?:ever)?\s+it\s+"
+    r"says|:)",
+    r"\b(?:run|execute|eval|follow|obey)\s+(?:the\s+)?(?:decoded|decrypted|deobfuscated)\b",
+))
+_B64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{20,}={0,2}(?![A-Za-z0-9+/=_-])")
+_HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){12,}(?![0-9A-Fa-f])")
+
+
+def _texty(data: bytes) -> str | None:
+    try:
+        s = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    printable = sum(c.isprintable() or c in "\n\t" for c in s)
+    return s if s and printable / len(s) > 0.9 and s.count(" ") >= 2 else None
+
+
+def _decoded_candidates(raw: str) -> list[str]:
+    out: list[str] = []
+    for m in list(_B64.finditer(raw))[:8]:
+        blob = m.group(0)
+        try:
+            data = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if s := _texty(data):
+            out.append(s)
+    for m in list(_HEX.finditer(raw))[:8]:
+        if s := _texty(bytes.fromhex(m.group(0))):
+            out.append(s)
+    return out
+
+
+def _encoded_payload(t: NormalisedText) -> str | None:
+    """Base64/hex text that decodes to something another rule flags is a wrapped injection."""
+    for decoded in _decoded_candidates(t.raw):
+        inner = normalise(decoded)
+        for rule in RULES:
+            if rule.rule_id in _NO_RECURSE:
+                continue
+            hit = rule.match(inner)
+            if hit:
+                return f"decoded -> {rule.rule_id}: {hit}"
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-12
+
+
+def _invisible(t: NormalisedText) -> str | None:
+    """Tag-character or variation-selector payloads, zero-width runs, or keywords split apart."""
+    if t.hidden_payloads:
+        return "hidden payload: " + t.hidden_payloads[0]
+    if t.invisible_run:
+        return "invisible run " + t.invisible_run
+    split = [w for w in t.split_words if w in _TRIGGER_WORDS]
+    if split or len(t.split_words) >= 3:
+        return "split word: " + ", ".join(split or t.split_words)
+    return None
+
+
+# --------------------------------------------------------------------------- INJ-13
+
+_LT = "<"  # kept apart so this source never contains a literal call tag
+_TOOL_MARKUP = tuple(_rx(p) for p in (
+    _LT + r"\s*/?\s*(?:tool_calls?|function_calls?|tool_use|tool_results?|tool_response|"
+    r"function_results?|function_response|invoke\s+name\s*=|parameter\s+name\s*=|tool_code|"
+    r"python_tag)\b",
+    r"<\|(?:tool_call|python_tag|tool_response)\|>|\[(?:tool_calls|tool_results)\]",
+    r"\"(?:tool_calls|function_call|tool_call|tool_use)\"\s*:",
+    r"\"type\"\s*:\s*\"(?:tool_use|function_call)\"",
+    r"\"name\"\s*:\s*\"[\w.\-]+\"\s*,\s*\"(?:arguments|args)\"\s*:",
+    r"^\s*action\s*:\s*[\w.\-]+\s*\n\s*action\s+input\s*:",
+    r"```\s*(?:tool_code|tool_call|function_call|tool_use)\b",
+))
+
+# --------------------------------------------------------------------------- the rule set
+
+RULES: tuple[Rule, ...] = (
+    Rule("INJ-01", "override prior instructions",
+         "orders to drop the instructions in force are the classic prompt injection",
+         _OVERRIDE_EN, mention_ok=True, deobfuscate=True),
+    Rule("INJ-02", "override prior instructions (other languages)",
+         "the same order in German, French, Spanish, Portuguese, Italian, Dutch, Russian, "
+         "Chinese, Japanese or Korean slips past English-only filters",
+         _OVERRIDE_INTL, mention_ok=True),
+    Rule("INJ-03", "chat-template or role markup",
+         "special tokens, role headers and system tags let data pose as a system/developer turn",
+         _ROLE_MARKUP, predicate=_forged_turns),
+    Rule("INJ-04", "persona hijack or jailbreak",
+         "re-defining the assistant (DAN, developer mode, 'no restrictions') disables its policy",
+         _PERSONA, mention_ok=True, deobfuscate=True),
+    Rule("INJ-05", "standing order to the assistant",
+         "stale imperatives aimed at the AI ('from now on you will', 'do not tell the user') "
+         "would be obeyed as if they were new; preferences belong in declarative form",
+         _STANDING, mention_ok=True, deobfuscate=True),
+    Rule("INJ-06", "prompt extraction",
+         "asking for the system prompt or 'the words above' leaks the host's instructions",
+         _EXTRACTION, mention_ok=True),
+    Rule("INJ-07", "exfiltration to an external destination",
+         "an order to send secrets or private data to a URL, address or the reply is never "
+         "reference material, whatever the quoting",
+         _EXFIL_DIRECT, predicate=_exfiltration),
+    Rule("INJ-08", "tool forcing or side-effect order",
+         "a memory must not make the agent call a tool, pay, delete or deploy, least of all "
+         "'now' or 'without asking'",
+         _TOOL_FORCING, predicate=_side_effect_order, mention_ok=True),
+    Rule("INJ-09", "destructive or remote-code command",
+         "rm -rf /, curl | sh, reverse shells, DROP TABLE, force-push given as an order (narrated "
+         "or warned-about commands pass)",
+         predicate=_dangerous_command),
+    Rule("INJ-10", "hidden markup carrying instructions",
+         "HTML/Markdown comments, invisible elements and alt text address the model behind the "
+         "human reader's back",
+         predicate=_hidden_markup),
+    Rule("INJ-11", "encoded payload",
+         "decode-and-run asks, and base64/hex blobs that decode to an injection, hide the order "
+         "from filters and reviewers",
+         _DECODE_AND_RUN, predicate=_encoded_payload),
+    Rule("INJ-12", "invisible-character smuggling",
+         "Unicode tag/variation-selector payloads, zero-width runs and keywords split by "
+         "zero-width characters are invisible to the human but not to the model",
+         predicate=_invisible),
+    Rule("INJ-13", "fake tool or function-call markup",
+         "forged call or result markup can be parsed as a real tool call or a trusted result",
+         _TOOL_MARKUP),
+)
+_NO_RECURSE = frozenset({"INJ-11", "INJ-12"})
+
+
+# --------------------------------------------------------------------------- public API
 
 
 @dataclass(frozen=True)
 class InjectionVerdict:
+    """Outcome for one memory text: the first rule that fired, with the matched span."""
+
     flagged: bool
     rule_id: str | None = None
     rule_name: str | None = None
     evidence: str | None = None
 
 
-def _r(p: str) -> re.Pattern[str]:
-    return re.compile(p, re.I | re.S)
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("INJ-01", "override prior instructions",
-         "orders to drop the instructions in force are the classic prompt injection",
-         _r(r"\b(ignore|disregard|forget|override|bypass|skip)\s+(all\s+|any\s+|the\s+|your\s+|"
-            r"every\s+)?(previous|prior|above|earlier|preceding|original|system|existing)?\s*"
-            r"(instructions?|prompts?|rules|directives|guidelines|guardrails|constraints)\b"
-            r"|ignoriere\s+(alle\s+)?(vorherigen|bisherigen)\s+anweisungen"
-            r"|ignore[zr]?\s+(toutes\s+)?les\s+instructions\s+pr[ée]c[ée]dentes"
-            r"|ignora\s+(todas\s+)?las\s+instrucciones\s+anteriores"
-            r"|忽略(之前|以上|先前|所有)(的)?(所有)?(指令|指示|说明)")),
-    Rule("INJ-02", "role or system impersonation",
-         "memory text must not pose as a system/developer turn or re-define the assistant",
-         _r(r"(^|\n)\s*(system|developer|assistant)\s*:\s|<\|im_start\|>|<\|system\|>|\[/?INST\]"
-            r"|###\s*(instruction|system)|\byou\s+are\s+now\s+(in\s+)?(a|an|the|dan|developer|"
-            r"jailbreak|unrestricted|no longer)|\bact\s+as\s+(dan|an?\s+unrestricted)|"
-            r"\bdeveloper\s+mode\s+(enabled|on)\b|\bjailbreak(ed)?\b")),
-    Rule("INJ-03", "exfiltration request",
-         "asks to send secrets or private data somewhere are never memory content",
-         _r(r"\b(send|post|upload|forward|email|e-mail|leak|exfiltrate|transmit|paste)\b[^.\n]{0,60}"
-            r"\b(api[\s_-]?keys?|passwords?|secrets?|tokens?|credentials?|private\s+keys?|"
-            r"ssh\s+keys?|env(ironment)?\s+variables?|\.env|system\s+prompt)\b[^.\n]{0,60}"
-            r"(\bto\b|https?://|@)")),
-    Rule("INJ-04", "forced tool call or shell command",
-         "a memory must never make the agent run something because it looks similar",
-         _r(r"\b(run|execute|exec|invoke|call|trigger)\s+(the\s+following|this)\s+(command|code|"
-            r"script|tool)|\bcurl\s+[^|\n]+\|\s*(ba|z)?sh\b|\bwget\s+[^|\n]+\|\s*(ba|z)?sh\b"
-            r"|\b(now|immediately|right away)\s+(run|execute|call|invoke)\b"
-            r"|\b(you\s+must|you\s+should|please)\s+(run|execute)\s+`?(rm\s+-rf|sudo|chmod|"
-            r"curl|wget|deploy)")),
-    Rule("INJ-05", "standing order to the assistant",
-         "stale imperatives aimed at the AI would be read as new commands",
-         _r(r"\bfrom\s+now\s+on,?\s+(you|the\s+assistant|ai)\s+(will|must|should|shall)\b"
-            r"|\b(the\s+)?(assistant|ai|model|chatbot)\s+(must|shall)\s+(always|never)\b"
-            r"|\bdo\s+not\s+(tell|inform|reveal\s+to|let)\s+the\s+user\b"
-            r"|\bwithout\s+telling\s+the\s+user\b|\bnew\s+instructions?\s*:")),
-    Rule("INJ-06", "hidden or encoded instructions",
-         "instructions hidden in markup, comments or encodings target the model, not the reader",
-         _r(r"<!--[^>]{0,200}(instruction|ignore|assistant|system|prompt)[^>]{0,200}-->"
-            r"|\b(decode|base64\s*-d)\b[^.\n]{0,40}\b(and\s+)?(run|execute|follow)\b"
-            r"|display\s*:\s*none[^>]{0,100}(instruction|ignore|assistant)")),
-    Rule("INJ-07", "fake tool or function-call markup",
-         "forged call markup could be parsed as a real tool call",
-         _r(r"<\s*(tool_call|function_call|invoke|tool_use)\b|\"(tool_calls|function_call)\"\s*:")),
-)
-
-
-def normalise(text: str) -> tuple[str, bool]:
-    """NFKC, zero-width characters removed (their presence is reported), whitespace folded."""
-    t = unicodedata.normalize("NFKC", text)
-    hidden = bool(ZERO_WIDTH.search(t))
-    t = ZERO_WIDTH.sub("", t)
-    return re.sub(r"[ \t]+", " ", t), hidden
+_CLEAN = InjectionVerdict(False, None, None, None)
 
 
 def detect_injection(text: str) -> InjectionVerdict:
-    t, hidden = normalise(text)
+    """Check one memory text; rules run in id order and the first hit decides."""
+    if not text or not text.strip():
+        return _CLEAN
+    t = normalise(text)
     for rule in RULES:
-        m = rule.pattern.search(t)
-        if m:
-            return InjectionVerdict(True, rule.rule_id, rule.name, m.group(0).strip()[:80])
-    if hidden and re.search(r"\b(ignore|instruction|assistant|system|execute)\b", t, re.I):
-        return InjectionVerdict(True, "INJ-06", "hidden or encoded instructions", "zero-width")
-    return InjectionVerdict(False)
+        hit = rule.match(t)
+        if hit is not None:
+            evidence = " ".join(hit.split())[:80]
+            return InjectionVerdict(True, rule.rule_id, rule.name, evidence)
+    return _CLEAN
 
 
 def rules_markdown() -> str:
-    rows = ["| id | rule | why |", "|---|---|---|"]
+    """The rule table for documentation, generated from RULES so it cannot drift."""
+    rows = ["| id | name | rationale |", "|---|---|---|"]
     rows += [f"| {r.rule_id} | {r.name} | {r.rationale} |" for r in RULES]
+    mention = ", ".join(r.rule_id for r in RULES if r.mention_ok)
+    rows += ["", f"Quoted mentions in a discussion frame pass for {mention}; every other rule "
+             "fires whatever the quoting."]
     return "\n".join(rows)

@@ -1,89 +1,165 @@
-"""An incremental lexical index: BM25 over content tokens, an entity index and scoped aliases (M-05).
+"""An incremental lexical index: BM25 over content tokens, an entity index and scoped aliases.
 
-The always-available first recall tier. Visibility is applied before scoring, so a memory
-outside the caller's scope chain can never be returned. Aliases expand the query with a low
-prior; they never change a memory's text and can be revoked.
+The always-available first recall tier (M-05). Visibility is applied before scoring, so a
+memory outside the caller's scope chain can never be returned. Aliases expand the query with a
+low prior; they never change a memory's text and can be revoked.
+
+Scoring: BM25 (k1=1.2, b=0.75) with the non-negative Lucene idf log(1 + (N - df + .5)/(df + .5))
+over the statistics of the whole index (N, df, average length). The term-frequency part equals
+rank_bm25's BM25Okapi; only the idf differs, because Okapi's idf goes negative for terms in
+more than half the documents and its epsilon floor needs a corpus-wide average that an
+incremental index cannot keep cheaply. Search touches only the postings of the query's terms,
+entities and alias targets.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import unicodedata
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from mnemoflow.agents.text import content_tokens
+from mnemoflow.agents.text import content_tokens, tokens
 
 K1 = 1.2
 B = 0.75
 ENTITY_BONUS = 1.5
 ALIAS_PRIOR = 0.3
+SCOPES = ("Turn", "Session", "Workspace", "User", "External")
 
 Visible = Callable[[str, str], bool] | Collection[tuple[str, str]]
+Hit = tuple[str, float, str]
 
 
 @dataclass(frozen=True)
 class LexicalDoc:
     doc_id: str
     text: str
-    scope: str
-    owner: str
+    scope: str  # Turn | Session | Workspace | User | External
+    owner: str  # id of the scope's owner
     entities: tuple[str, ...] = ()
 
 
+def normalize_entity(e: str) -> str:
+    """The entity key: NFKC, casefolded, single spaces (as text.entities produces them)."""
+    return " ".join(unicodedata.normalize("NFKC", e).casefold().split())
+
+
+def _terms(phrase: str) -> tuple[str, ...]:
+    """Index terms of an alias or target phrase; a stopword-only phrase keeps all its tokens."""
+    return tuple(content_tokens(phrase)) or tuple(tokens(phrase))
+
+
+@dataclass(frozen=True)
+class _Alias:
+    terms: tuple[str, ...]  # the alias as a token sequence
+    key: str  # the alias as an entity key
+    target_terms: tuple[str, ...]
+    target_key: str
+
+
 class LexicalIndex:
+    """Posting lists term -> {doc_id: tf} and entity -> {doc_ids}, updated in place."""
+
     def __init__(self) -> None:
         self._docs: dict[str, LexicalDoc] = {}
         self._len: dict[str, int] = {}
-        self._tf: dict[str, dict[str, int]] = {}  # doc -> term -> tf
-        self._postings: dict[str, dict[str, int]] = defaultdict(dict)  # term -> doc -> tf
-        self._entities: dict[str, set[str]] = defaultdict(set)  # entity -> docs
-        self._aliases: dict[tuple[str, str, str], set[str]] = defaultdict(set)  # (alias,scope,owner)
+        self._doc_terms: dict[str, tuple[str, ...]] = {}
+        self._doc_entities: dict[str, tuple[str, ...]] = {}
+        self._postings: dict[str, dict[str, int]] = {}
+        self._entity_docs: dict[str, set[str]] = {}
+        # first alias term -> (scope, owner) -> aliases; lookups stay per query term
+        self._aliases: dict[str, dict[tuple[str, str], set[_Alias]]] = {}
         self._total_len = 0
 
     def __len__(self) -> int:
         return len(self._docs)
 
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._docs
+
+    # ---------------------------------------------------------------- documents
+
     def add(self, doc: LexicalDoc) -> None:
-        """Idempotent by doc_id: re-adding replaces the earlier version."""
-        if doc.doc_id in self._docs:
-            self.remove(doc.doc_id)
+        """Idempotent by doc_id: re-adding replaces the earlier version entirely."""
+        self.remove(doc.doc_id)
         toks = content_tokens(doc.text)
         tf: dict[str, int] = {}
         for t in toks:
             tf[t] = tf.get(t, 0) + 1
+        ents = tuple(dict.fromkeys(x for x in map(normalize_entity, doc.entities) if x))
         self._docs[doc.doc_id] = doc
         self._len[doc.doc_id] = len(toks)
-        self._tf[doc.doc_id] = tf
+        self._doc_terms[doc.doc_id] = tuple(tf)
+        self._doc_entities[doc.doc_id] = ents
         self._total_len += len(toks)
         for t, n in tf.items():
-            self._postings[t][doc.doc_id] = n
-        for e in doc.entities:
-            self._entities[e.casefold()].add(doc.doc_id)
+            self._postings.setdefault(t, {})[doc.doc_id] = n
+        for e in ents:
+            self._entity_docs.setdefault(e, set()).add(doc.doc_id)
 
     def remove(self, doc_id: str) -> None:
-        doc = self._docs.pop(doc_id, None)
-        if doc is None:
+        """Forget a document; unknown ids are ignored (removal is idempotent too)."""
+        if self._docs.pop(doc_id, None) is None:
             return
         self._total_len -= self._len.pop(doc_id)
-        for t in self._tf.pop(doc_id):
+        for t in self._doc_terms.pop(doc_id):
             posting = self._postings[t]
-            posting.pop(doc_id, None)
+            del posting[doc_id]
             if not posting:
                 del self._postings[t]
-        for e in doc.entities:
-            self._entities[e.casefold()].discard(doc_id)
+        for e in self._doc_entities.pop(doc_id):
+            docs = self._entity_docs[e]
+            docs.discard(doc_id)
+            if not docs:
+                del self._entity_docs[e]
+
+    # ---------------------------------------------------------------- aliases
+
+    def _alias(self, alias: str, target: str) -> _Alias | None:
+        a = _Alias(_terms(alias), normalize_entity(alias), _terms(target), normalize_entity(target))
+        return a if a.terms and a.key and (a.target_terms or a.target_key) else None
 
     def add_alias(self, alias: str, target: str, scope: str, owner: str) -> None:
-        for a in content_tokens(alias) or [alias.casefold()]:
-            self._aliases[(a, scope, owner)].update(content_tokens(target) or [target.casefold()])
+        """`alias` in a query also matches docs holding `target`, for callers who can see
+        (scope, owner). Adding the same alias twice is a no-op."""
+        a = self._alias(alias, target)
+        if a is not None:
+            self._aliases.setdefault(a.terms[0], {}).setdefault((scope, owner), set()).add(a)
 
     def revoke_alias(self, alias: str, target: str, scope: str, owner: str) -> None:
-        for a in content_tokens(alias) or [alias.casefold()]:
-            key = (a, scope, owner)
-            self._aliases[key].difference_update(content_tokens(target) or [target.casefold()])
-            if not self._aliases[key]:
-                del self._aliases[key]
+        """Undo add_alias with the same arguments; unknown aliases are ignored."""
+        a = self._alias(alias, target)
+        if a is None:
+            return
+        by_scope = self._aliases.get(a.terms[0], {})
+        group = by_scope.get((scope, owner))
+        if group is None:
+            return
+        group.discard(a)
+        if not group:
+            del by_scope[(scope, owner)]
+        if not by_scope:
+            self._aliases.pop(a.terms[0], None)
+
+    def _active_aliases(self, q: list[str], ents: list[str],
+                        ok: Callable[[str, str], bool]) -> list[_Alias]:
+        """Visible aliases whose token sequence occurs in the query or equals a query entity."""
+        found: dict[_Alias, None] = {}
+        ent_set = set(ents)
+        heads = dict.fromkeys([*q, *(t for e in ents for t in _terms(e)[:1])])
+        for head in heads:
+            for (scope, owner), group in sorted(self._aliases.get(head, {}).items()):
+                if not ok(scope, owner):
+                    continue
+                for a in sorted(group, key=lambda x: (x.key, x.target_key)):
+                    n = len(a.terms)
+                    in_query = any(tuple(q[i:i + n]) == a.terms for i in range(len(q) - n + 1))
+                    if in_query or a.key in ent_set:
+                        found[a] = None
+        return list(found)
+
+    # ---------------------------------------------------------------- search
 
     def _idf(self, term: str) -> float:
         n = len(self._docs)
@@ -91,53 +167,82 @@ class LexicalIndex:
         return math.log(1 + (n - df + 0.5) / (df + 0.5))
 
     def search(self, query: str, entities: list[str], visible: Visible,
-               k: int) -> list[tuple[str, float, str]]:
-        """(doc_id, score, matched_via) best first; ties broken by doc_id."""
-        ok: Callable[[str, str], bool] = (
-            visible if callable(visible) else (lambda s, o, v=visible: (s, o) in v))  # type: ignore[misc]
-        q = content_tokens(query)
-        if not self._docs or (not q and not entities):
+               k: int) -> list[Hit]:
+        """(doc_id, score, matched_via) best first, ties by doc_id; only visible docs.
+
+        matched_via names the channel that contributed most to the doc's score: "bm25"
+        (query terms), "entity" (entity overlap bonus) or "alias" (alias-expanded terms or
+        entities, weighted by ALIAS_PRIOR). Scores are rounded to 1e-6 so float noise cannot
+        reorder ties.
+        """
+        if k <= 0 or not self._docs:
             return []
-        avg = self._total_len / max(1, len(self._docs))
-        scores: dict[str, float] = defaultdict(float)
-        via: dict[str, str] = {}
-        cache: dict[str, bool] = {}
+        ok: Callable[[str, str], bool]
+        if callable(visible):
+            ok = visible
+        else:
+            allowed = frozenset(visible)
 
-        def visible_doc(doc_id: str) -> bool:
-            if doc_id not in cache:
+            def ok(scope: str, owner: str) -> bool:
+                return (scope, owner) in allowed
+
+        q = content_tokens(query)
+        ents = list(dict.fromkeys(x for x in map(normalize_entity, entities) if x))
+        n_docs = len(self._docs)
+        avg = self._total_len / n_docs or 1.0
+        seen: dict[str, bool] = {}
+        parts: dict[str, dict[str, float]] = {}
+
+        def admit(doc_id: str) -> bool:
+            if doc_id not in seen:
                 d = self._docs[doc_id]
-                cache[doc_id] = ok(d.scope, d.owner)
-            return cache[doc_id]
+                seen[doc_id] = bool(ok(d.scope, d.owner))
+            return seen[doc_id]
 
-        def score_term(term: str, weight: float, how: str) -> None:
+        def credit(doc_id: str, how: str, amount: float) -> None:
+            by = parts.setdefault(doc_id, {})
+            by[how] = by.get(how, 0.0) + amount
+
+        def bm25(term: str, weight: float, how: str) -> None:
             posting = self._postings.get(term)
             if not posting:
                 return
             idf = self._idf(term)
             for doc_id, tf in posting.items():
-                if not visible_doc(doc_id):
-                    continue
-                dl = self._len[doc_id]
-                scores[doc_id] += weight * idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avg))
-                via.setdefault(doc_id, how)
+                if admit(doc_id):
+                    norm = tf + K1 * (1 - B + B * self._len[doc_id] / avg)
+                    credit(doc_id, how, weight * idf * tf * (K1 + 1) / norm)
 
-        for term in q:
-            score_term(term, 1.0, "bm25")
-        for term in set(q):
-            for (alias, scope, owner), targets in self._aliases.items():
-                if alias == term and ok(scope, owner):
-                    for t in targets:
-                        if t not in q:
-                            score_term(t, ALIAS_PRIOR, "alias")
-        n_docs = len(self._docs)
-        for e in entities:
-            docs = self._entities.get(e.casefold(), ())
+        def entity(key: str, weight: float, how: str) -> None:
+            docs = self._entity_docs.get(key)
             if not docs:
-                continue
+                return
+            # rare entities count fully, ubiquitous ones barely
             bonus = ENTITY_BONUS * math.log(1 + n_docs / len(docs)) / math.log(1 + n_docs)
             for doc_id in docs:
-                if visible_doc(doc_id):
-                    scores[doc_id] += bonus  # rare entities count, ubiquitous ones barely do
-                    via.setdefault(doc_id, "entity")
-        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
-        return [(d, round(s, 6), via[d]) for d, s in ranked]
+                if admit(doc_id):
+                    credit(doc_id, how, weight * bonus)
+
+        for term in q:  # repeated query terms count again, as in rank_bm25
+            bm25(term, 1.0, "bm25")
+        for key in ents:
+            entity(key, 1.0, "entity")
+        q_set, e_set = set(q), set(ents)
+        expanded_terms: set[str] = set()
+        expanded_ents: set[str] = set()
+        for a in self._active_aliases(q, ents, ok):
+            for t in a.target_terms:
+                if t not in q_set and t not in expanded_terms:
+                    expanded_terms.add(t)
+                    bm25(t, ALIAS_PRIOR, "alias")
+            if a.target_key not in e_set and a.target_key not in expanded_ents:
+                expanded_ents.add(a.target_key)
+                entity(a.target_key, ALIAS_PRIOR, "alias")
+
+        order = ("bm25", "entity", "alias")
+        ranked = []
+        for doc_id, by in parts.items():
+            via = max(order, key=lambda h: (by.get(h, 0.0), -order.index(h)))
+            ranked.append((doc_id, round(sum(by[h] for h in order if h in by), 6), via))
+        ranked.sort(key=lambda r: (-r[1], r[0]))
+        return ranked[:k]

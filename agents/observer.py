@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mnemoflow.agents.extract import extract_facts
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.text import digest, entities, semantic_key
 from mnemoflow.agents.working_memory import RingEntry, WorkingMemory
@@ -115,7 +116,8 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
                  "confidence": 0.6 if seg["kind"] == "user" else 0.4,
                  # a question asks for information rather than stating it: a weak memory
                  "attributes": {"role": seg["kind"],
-                                "salience": "-3" if _is_question(seg["text"]) else "0"}},)
+                                "salience": "-3" if _is_question(seg["text"]) else "0"}},
+                *extract_facts(seg))
     if seg["kind"] == "tool" and seg["ok"] is not None:
         outcome = "success" if seg["ok"] else "failure"
         return ({**base, "eventId": stable_id("mem", seg["segmentId"], "episode"),

@@ -65,6 +65,9 @@ class MemoryStore:
         self.name = name
         self.generation = generation
         self.applied_count = 0
+        self.by_owner: dict[tuple[str, str], set[str]] = {}  # (scope, owner) -> memory ids
+        self.active_fact: dict[tuple[str, str, str], str] = {}  # (owner, subj, pred) -> id
+        self.conflicts: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
 
     @property
     def version(self) -> str:
@@ -90,31 +93,94 @@ class MemoryStore:
             return True
         old = self.records.get(mid)
         if op in REVOKE_OPS:
-            if old is not None:
-                self.records[mid] = replace(old, revoked=True)
-                self.lexical.remove(mid)
+            self._revoke(mid, op)
             return True
+        if op in ("fact_proposed", "fact_upserted"):
+            return self._fact(ev)
+        if op == "fact_confirmed":
+            return self._confirm(mid)
         if op in ("evidence_reinforce", "evidence_weaken"):
             if old is not None:
                 step = 0.1 if op == "evidence_reinforce" else -0.1
                 conf = min(1.0, max(0.0, old.confidence + step))
                 self.records[mid] = replace(old, confidence=conf, frequency=old.frequency + 1)
             return True
-        text = ev.get("text") or ""
         if old is not None and old.revoked:
             return True  # a revoked memory stays revoked until a new id is written
-        rec = MemoryRecord(
-            memory_id=mid, kind=ev["kind"], text=text, scope=ev["scope"], owner=ev["owner"],
-            session_id=ev["sessionId"], event_seq=ev["eventSeq"], event_time=ev["eventTime"],
-            provenance=tuple(ev.get("provenance") or ()), entities=tuple(ev.get("entities") or ()),
-            digest=digest(text), semantic_key=semantic_key(text),
-            confidence=float(ev.get("confidence", 0.5)), source=ev.get("source", "user"),
-            ttl_ms=ev.get("ttlMs"), risk_level=ev.get("riskLevel"),
-            attributes=dict(ev.get("attributes") or {}))
-        self.records[mid] = rec
-        if text:
-            self.lexical.add(LexicalDoc(mid, text, rec.scope, rec.owner, rec.entities))
+        self._index(self._record(ev))
         return True
+
+    def _index(self, rec: MemoryRecord) -> None:
+        self.records[rec.memory_id] = rec
+        self.by_owner.setdefault((rec.scope, rec.owner), set()).add(rec.memory_id)
+        if rec.text:
+            self.lexical.add(LexicalDoc(rec.memory_id, rec.text, rec.scope, rec.owner,
+                                        rec.entities))
+
+    def _revoke(self, mid: str, why: str) -> None:
+        old = self.records.get(mid)
+        if old is not None:
+            self.records[mid] = replace(old, revoked=True,
+                                        attributes={**old.attributes, "revokedBy": why})
+            self.lexical.remove(mid)
+
+    def _record(self, ev: dict[str, Any]) -> MemoryRecord:
+        text = ev.get("text") or ""
+        return MemoryRecord(
+            memory_id=ev["memoryId"], kind=ev["kind"], text=text, scope=ev["scope"],
+            owner=ev["owner"], session_id=ev["sessionId"], event_seq=ev["eventSeq"],
+            event_time=ev["eventTime"], provenance=tuple(ev.get("provenance") or ()),
+            entities=tuple(ev.get("entities") or ()), digest=digest(text),
+            semantic_key=semantic_key(text), confidence=float(ev.get("confidence", 0.5)),
+            source=ev.get("source", "user"), ttl_ms=ev.get("ttlMs"), risk_level=ev.get("riskLevel"),
+            attributes={**(ev.get("attributes") or {}),
+                        **{k: ev[k] for k in ("subject", "predicate", "object") if ev.get(k)}})
+
+    def _fact(self, ev: dict[str, Any]) -> bool:
+        """M-03: user-stated beats inferred, an inference never overwrites a user's fact, an
+        explicit correction supersedes, and two user statements that disagree stay in a
+        conflict set (both sides' provenance kept) until one is confirmed or revoked."""
+        key = (ev["owner"], ev["subject"] or "", ev["predicate"] or "")
+        new = self._record(ev)
+        cur_id = self.active_fact.get(key)
+        cur = self.records.get(cur_id) if cur_id else None
+        if cur is not None and not cur.revoked and cur.memory_id == new.memory_id:
+            merged = tuple(dict.fromkeys(cur.provenance + new.provenance))
+            self.records[cur.memory_id] = replace(cur, provenance=merged,
+                                                  frequency=cur.frequency + 1)
+            return True
+        if cur is None or cur.revoked:
+            self.active_fact[key] = new.memory_id
+            self._index(new)
+            return True
+        side = {"memoryId": new.memory_id, "object": ev["object"], "source": new.source,
+                "provenance": list(new.provenance)}
+        conflict = self.conflicts.setdefault(key, [
+            {"memoryId": cur.memory_id, "object": cur.text, "source": cur.source,
+             "provenance": list(cur.provenance)}])
+        if new.source == "inference" and cur.source == "user":
+            conflict.append({**side, "status": "rejected-inference"})
+            return True
+        if new.attributes.get("correction") == "1" or (
+                new.source == "user" and cur.source == "inference"):
+            conflict.append({**side, "status": "superseded-previous"})
+            self._revoke(cur.memory_id, f"superseded by {new.memory_id}")
+            self.active_fact[key] = new.memory_id
+            self._index(new)
+            return True
+        conflict.append({**side, "status": "open"})
+        self._index(replace(new, attributes={**new.attributes, "conflict": "open"}))
+        return True
+
+    def _confirm(self, mid: str) -> bool:
+        for key, sides in self.conflicts.items():
+            if any(s["memoryId"] == mid for s in sides):
+                for s in sides:
+                    if s["memoryId"] != mid:
+                        self._revoke(s["memoryId"], f"conflict resolved for {mid}")
+                self.active_fact[key] = mid
+                return True
+        return False
 
     def search_lexical(self, request: dict[str, Any], k: int) -> list[Candidate]:
         """Scope-filtered BM25/entity/alias hits that existed before the request (event time).

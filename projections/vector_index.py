@@ -57,7 +57,7 @@ class VectorIndex:
         self.path = path
         self.meta = meta
         self.db = lancedb.connect(str(path))
-        if TABLE in self.db.table_names():
+        if TABLE in self.db.list_tables().tables:
             self.table = self.db.open_table(TABLE)
         else:
             self.table = self.db.create_table(TABLE, schema=_schema(meta.dim))

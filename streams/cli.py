@@ -112,6 +112,32 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from mnemoflow.projections.rebuild import default_embedder, from_markdown, rebuild
+    from mnemoflow.streams import topics as T
+
+    index_path = settings.home / "lancedb" / settings.app_id
+    md_root = settings.home / "markdown" / settings.app_id
+    emb = default_embedder()
+    if args.source == "markdown":
+        store, index = asyncio.run(from_markdown(md_root, index_path, emb))
+    else:
+        from mnemoflow.streams.kafka_local import resolve_bootstrap
+        from mnemoflow.streams.reader import TopicReader
+
+        async def read() -> list[dict]:
+            async with TopicReader(settings, resolve_bootstrap(settings),
+                                   [T.MEMORY_LOG.name(settings)]) as r:
+                recs = await r.drain()
+            return [x.value for x in sorted(recs, key=lambda x: (x.timestamp, x.partition,
+                                                                 x.offset)) if x.value]
+
+        store, index = asyncio.run(rebuild(asyncio.run(read()), index_path, emb, md_root))
+    print(f"rebuilt from {args.source}: {len(store)} memories, {len(index)} vectors at "
+          f"{index_path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mnemoflow", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -134,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--keep-state", action="store_true",
                    help="do not delete the app's changelogs and local state")
     r.set_defaults(func=_replay)
+    rb = sub.add_parser("rebuild", help="re-create the LanceDB index (and MEMORY.md) offline")
+    rb.add_argument("--from", dest="source", choices=["memory-log", "markdown"], required=True)
+    rb.set_defaults(func=_rebuild)
     e = sub.add_parser("eval", help="replay a benchmark through the pipeline and measure it")
     e.add_argument("benchmark", choices=["locomo", "longmemeval"])
     e.add_argument("file")

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
 from mnemoflow.agents.ids import stable_id
-from mnemoflow.agents.inbox import PendingState, apply, split_expired
+from mnemoflow.agents.inbox import PendingState, split_expired
 from mnemoflow.schemas.codec import DecodeError
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
@@ -96,7 +96,7 @@ class InboxClient:
                 except DecodeError:
                     continue  # not ours to fix here; the op never happened for the fold
                 sid = op["sessionId"]
-                fold.sessions[sid] = apply(fold.sessions.get(sid, PendingState()), op, m.offset)
+                fold.sessions.setdefault(sid, PendingState()).apply(op, m.offset)
         return fold.sessions.get(session_id, PendingState())
 
     async def _write(self, op: dict[str, Any]) -> int:

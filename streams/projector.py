@@ -8,13 +8,22 @@ everything already in the log is applied, which keeps replays deterministic.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_tier import VectorSink
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
+
+
+class Sink(Protocol):
+    """A projection fed event by event and flushed once per consumed batch."""
+
+    def on_event(self, ev: dict[str, Any]) -> None: ...
+
+    def flush(self) -> Any: ...
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +31,11 @@ log = logging.getLogger(__name__)
 class MemoryLogProjector:
     def __init__(self, bootstrap: str, topic: str, store: MemoryStore, registry: SchemaRegistry,
                  client_kwargs: dict[str, object], group: str | None = None,
-                 sink: VectorSink | None = None) -> None:
+                 sinks: list[Sink] | None = None) -> None:
         self.bootstrap, self.topic, self.store, self.registry = bootstrap, topic, store, registry
         self.client_kwargs = client_kwargs
         self.group = group
-        self.sink = sink
+        self.sinks = list(sinks or [])
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
         self.skipped = 0
         self._consumer: AIOKafkaConsumer | None = None
@@ -66,25 +75,35 @@ class MemoryLogProjector:
                         try:
                             _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
                             self.store.apply(ev)
-                            if self.sink is not None:
-                                self.sink.on_event(ev)
+                            for sink in self.sinks:
+                                sink.on_event(ev)
                         except DecodeError as exc:
                             self.skipped += 1  # the observer dead-letters at the source
                             log.warning("memory-log %s@%s skipped: %s", tp, m.offset, exc)
                         self.applied[tp] = m.offset + 1
                 async with self._progress:
                     self._progress.notify_all()
-                if self.sink is not None and batch:
-                    try:
-                        await self.sink.flush()
-                    except Exception:  # the vector layer may fail; lexical recall goes on
-                        log.exception("vector projection failed; will retry on next batch")
-                        continue
+                if batch and not await self._flush_sinks():
+                    continue  # not committed: the next batch retries
                 if batch and self.group:  # committed = fully projected (lexical and vector)
                     await consumer.commit({tp: off for tp, off in self.applied.items()})
         finally:
             await consumer.stop()
             await self._offsets.stop()
+
+    async def _flush_sinks(self) -> bool:
+        """Flush every projection; a failing one (vector, Markdown) never stops recall."""
+        ok = True
+        for sink in self.sinks:
+            try:
+                res = sink.flush()
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:
+                log.exception("projection %s failed; retrying with the next batch",
+                              type(sink).__name__)
+                ok = False
+        return ok
 
     async def barrier(self, timeout: float = 2.0) -> bool:
         """Wait until every record already in the log is applied; False on timeout."""

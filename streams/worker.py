@@ -28,6 +28,7 @@ from mnemoflow.agents.recall import FaultyTier, TierSpec, recall
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import Tuning, load_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
+from mnemoflow.projections.markdown import MarkdownSink
 from mnemoflow.projections.memory_store import LexicalTier, MemoryStore
 from mnemoflow.projections.vector_index import IndexMeta, open_index
 from mnemoflow.projections.vector_tier import VectorSink, VectorTier
@@ -90,18 +91,19 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4), **kw)
     tiers = [TierSpec(LexicalTier(store), timeout_s=2.0)]
-    sink = embedder = None
+    sinks: list[Any] = [MarkdownSink(settings.home / "markdown" / settings.app_id, store)]
+    embedder = None
     if settings.vector:
         embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
         meta = IndexMeta(embedder.name, embedder.dim, embedder.version)
         index = open_index(settings.home / "lancedb" / settings.app_id, meta)
-        sink = VectorSink(index, embedder)
+        sinks.append(VectorSink(index, embedder))
         store.name = f"lexical+vector:{embedder.version}"  # the retrievalVersion says which
         tiers.append(TierSpec(VectorTier(store, index, embedder), timeout_s=3.0))
     tiers += extra_tiers or []
     projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), store, registry,
                                    settings.client_kwargs(), group=f"{settings.app_id}-projector",
-                                   sink=sink)
+                                   sinks=sinks)
     pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector, embedder)
     pipe.tiers = [TierSpec(FaultyTier(t.tier), t.timeout_s, t.only_when_fewer_than)
                   if t.tier.name in settings.fault_tiers else t for t in tiers]

@@ -1,0 +1,125 @@
+"""Issue 4 bench: pending-state rebuild from an inbox log (10k, 100k ops) vs a raw consume of the
+same topic, and claim latency. Run: .venv/bin/python bench/bench_inbox.py [--sizes 10000 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from common import RESULTS, bench_settings, broker, fmt, now_ms, pct
+
+from mnemoflow.agents.ids import stable_id
+from mnemoflow.schemas.codec import default_registry
+from mnemoflow.streams.admin import create_topics
+from mnemoflow.streams.inbox import InboxClient
+from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.topics import INBOX
+
+T0 = 1_700_000_000_000
+
+
+def packet(sid: str, n: int) -> dict:
+    pid = stable_id("pkt", sid, n)
+    return {"packetSchemaVersion": 1, "packetId": pid, "sessionId": sid, "requestId": f"r{n}",
+            "contextCursor": n, "retrievalVersion": "v", "triggerReason": "bench",
+            "strength": "soft_hint", "items": [{
+                "memoryId": f"m{n}", "kind": "segment", "text": "x" * 120, "scope": "User",
+                "owner": "u", "score": 1.0, "sourceSeq": n, "sourceSessionId": "s",
+                "provenance": "s#1.0", "eventTime": T0, "digest": f"d{n}", "tiers": []}],
+            "exactDigest": f"e{n}", "semanticDigest": "s", "sourceSeqs": [n], "budgetBytes": 120,
+            "createdAt": T0, "expiry": T0 + 10**9}
+
+
+async def fill(bootstrap: str, topic: str, sid: str, n: int) -> None:
+    """n ops for one session: injects, with every tenth followed by a claim of it."""
+    reg = default_registry()
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
+    await p.start()
+    i = 0
+    while i < n:
+        pk = packet(sid, i)
+        op = {"opId": stable_id("op", "inject", pk["packetId"]), "op": "inject", "sessionId": sid,
+              "eventTime": T0, "packet": pk, "packetIds": [pk["packetId"]], "claimer": None,
+              "reason": None, "authorisedBy": None}
+        await p.send(topic, reg.encode("io.mnemoflow.InboxOp", op), key=sid.encode())
+        i += 1
+        if i % 10 == 0 and i < n:
+            claim = {**op, "opId": f"claim-{i}", "op": "claim", "packet": None, "claimer": "b"}
+            await p.send(topic, reg.encode("io.mnemoflow.InboxOp", claim), key=sid.encode())
+            i += 1
+    await p.flush()
+    await p.stop()
+
+
+async def raw_consume(bootstrap: str, topic: str, n: int) -> float:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                         enable_auto_commit=False)
+    await c.start()
+    parts = c.partitions_for_topic(topic)
+    c.assign([TopicPartition(topic, q) for q in parts])
+    t = time.perf_counter()
+    got = 0
+    while got < n:
+        for msgs in (await c.getmany(timeout_ms=500, max_records=10000)).values():
+            got += len(msgs)
+    dt = time.perf_counter() - t
+    await c.stop()
+    return dt
+
+
+async def main(args: argparse.Namespace) -> None:
+    out = {}
+    for n in args.sizes:
+        s = bench_settings(f"inbox{n}", partitions=1)
+        bootstrap, _ = broker(s)
+        await create_topics(s, bootstrap)
+        topic = INBOX.name(s)
+        await fill(bootstrap, topic, "bench-session", n)
+        raw = min([await raw_consume(bootstrap, topic, n) for _ in range(2)])
+        async with AvroProducer(s, bootstrap) as prod:
+            times = []
+            for _ in range(2):
+                inbox = InboxClient(s, bootstrap, prod)
+                await inbox.start()
+                t = time.perf_counter()
+                st = await inbox.sync("bench-session")
+                times.append(time.perf_counter() - t)
+                pending = len(st.pending)
+                await inbox.stop()
+            rebuild = min(times)
+            inbox = InboxClient(s, bootstrap, prod)
+            await inbox.start()
+            await inbox.sync("bench-session")
+            lat = []
+            for k in range(args.claims):
+                await _inject_one(prod, topic, k)
+                t = now_ms()
+                await inbox.claim_all("bench-session", T0)
+                lat.append(now_ms() - t)
+            await inbox.stop()
+        out[n] = {"raw_consume_s": raw, "rebuild_s": rebuild, "ratio": rebuild / raw,
+                  "pending": pending, "claim_ms": pct(lat)}
+        print(f"{n} ops: raw consume {raw:.2f}s, rebuild pending {rebuild:.2f}s "
+              f"-> {rebuild / raw:.2f}x raw (target <= 1.5x); {pending} pending")
+        print(f"  claim latency (inject one, claim all): {fmt(out[n]['claim_ms'])}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_inbox.json").write_text(json.dumps(out, indent=2))
+
+
+async def _inject_one(prod: AvroProducer, topic: str, k: int) -> None:
+    pk = packet("bench-session", 10**8 + k)
+    op = {"opId": stable_id("op", "inject", pk["packetId"]), "op": "inject",
+          "sessionId": "bench-session", "eventTime": T0, "packet": pk,
+          "packetIds": [pk["packetId"]], "claimer": None, "reason": None, "authorisedBy": None}
+    await prod.send(topic, "io.mnemoflow.InboxOp", "bench-session", op)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
+    ap.add_argument("--claims", type=int, default=200)
+    asyncio.run(main(ap.parse_args()))
