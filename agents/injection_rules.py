@@ -115,6 +115,11 @@ def _fold_ws(text: str) -> str:
     return re.sub(r" ?\n[\s]*", "\n", text).strip()
 
 
+def _fold_quotes(text: str) -> str:
+    """Curly single quotes double as apostrophes; fold both sides to ASCII so pairs still match."""
+    return text.replace("\u2019", "'").replace("\u2018", "'")
+
+
 def _decode_tags(run: str) -> str:
     return "".join(chr(ord(c) - 0xE0000) for c in run if 0x20 <= ord(c) - 0xE0000 < 0x7F)
 
@@ -142,9 +147,9 @@ def normalise(text: str) -> NormalisedText:
     t = _VARIATION.sub("", _TAGS.sub("", _INVISIBLE.sub("", t)))
     t = _map_confusables(t)
     raw = _fold_ws(t)
-    folded = raw.casefold().replace("\u2019", "'")
+    folded = _fold_quotes(raw.casefold())
     d = _SPACED.sub(lambda m: m.group(0).replace(" ", "").replace("\t", ""), t)
-    d = _fold_ws(d).casefold().replace("\u2019", "'")
+    d = _fold_quotes(_fold_ws(d).casefold())
     d = _LEET_TOKEN.sub(lambda m: m.group(0).translate(_LEET), d)
     d = _HYPHEN_CHAIN.sub(lambda m: m.group(0).replace("-", " "), d)
     return NormalisedText(raw, folded, d, tuple(payloads),
@@ -393,7 +398,8 @@ _PERSONA = tuple(_rx(p) for p in (
     rf"(?:\bevil\b|{_JAILBREAK_ADJ})",
     rf"\b(?:you\s+are|you're|act\s+as|acting\s+as|stay\s+in\s+character\s+as|pretend\s+to\s+be|"
     rf"roleplay\s+as|become)\b[^.\n]{{0,40}}?\b{_JAILBREAK_ADJ}",
-    r"\bdo\s+anything\s+now\b|\bdan\s+mode\b|\bdeveloper\s+mode\s+(?:enabled|activated|on)\b",
+    r"\bdan\b[^.\n]{0,40}\bdo\s+anything\s+now\b|\bdo\s+anything\s+now\b[^.\n]{0,20}\bdan\b|"
+    r"\bdan\s+mode\b|\bdeveloper\s+mode\s+(?:enabled|activated)\b|\bdeveloper\s+mode\s*:\s*on\b",
     r"\b(?:enable|enter|activate|switch\s+to|turn\s+on)\s+(?:dan|jailbreak|jailbroken|god|evil|"
     r"unrestricted|unfiltered|uncensored|chaos)\s+mode\b",
     r"\b(?:you|chatgpt|the\s+assistant|the\s+ai|the\s+model)\s+(?:are|is)\s+(?:now\s+)?in\s+"
@@ -436,6 +442,7 @@ _STANDING = tuple(_rx(p) for p in (
     rf"\b(?:notes?|messages?|instructions?|memo|reminder|notice|warning|attention|important|hint)"
     rf"\s+(?:to|for)\s+(?:(?:any|all|the)\s+)?{_AI_NOUN}s?(?:\s+(?:assistants?|agents?|models?|"
     rf"systems?))?\s*[:,\-]",
+    rf"\b{_AI_NOUN}\s+(?:instructions?|directives?|orders?|commands?)\s*:",
     r"\battention\s*,?\s*(?:ai|llm|language\s+model|chatbot|model|agent)s?\s*[:,!]",
     r"\bdear\s+(?:ai|llm|language\s+model|chatgpt|gpt|chatbot)\b",
     r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|large\s+language\s+model|language\s+model|chatbot|"
@@ -613,7 +620,8 @@ _DANGEROUS = tuple(_rx(p) for p in (
     r"\bchmod\s+(?:-r\s+)?0?777\s+/(?=\s|$)|\bchown\s+-r\s+\S+\s+/(?=\s|$)",
     r"/dev/tcp/\d|\bnc(?:at)?\s+(?:-\w+\s+)*-e\s+/bin/(?:ba)?sh|\bsocat\b[^\n]{0,80}exec:",
     r"\bdrop\s+(?:table|database|schema)\b|\btruncate\s+table\b|\bdelete\s+from\s+\w+\s*(?:;|$)",
-    r"\bgit\s+push\s+(?:\S+\s+)*?(?:--force|-f)(?![\w-])",
+    r"\bgit\s+push(?:\s+-{1,2}[\w=-]+)*(?:\s+[\w./:@+-]+){0,2}?(?:\s+-{1,2}[\w=-]+)*?\s+"
+    r"(?:--force|-f)(?![\w-])",
     r"\bos\.system\s*\(|\bsubprocess\.\w+\s*\([^)]{0,100}(?:curl|wget|rm\s+-rf)",
     r"\beval\s*\(\s*(?:atob|base64|unescape|decodeuricomponent)",
     r"\bshutdown\s+(?:-h|-r|/s|/r)\b|\bformat\s+c:|\bdel\s+/[fsq]\b|\bkill\s+-9\s+-1\b",
@@ -629,7 +637,8 @@ _TRUSTED_INSTALLERS = _rx(
     r"homebrew/install)/)")
 # Narration, warnings and descriptions around a command: it is being talked about, not ordered.
 _NARRATIVE = _rx(
-    r"\b(?:i|we|he|she|they|someone|somebody|my|our)\b|\b(?:ran|executed|typed|tried|installed|"
+    r"(?<![-\w])(?:i|we|he|she|they|someone|somebody|my|our)\b|\b(?:ran|executed|typed|tried|"
+    r"installed|"
     r"used|did|had|was|were|accidentally|yesterday|ago|last\s+(?:week|night|time|month|year)|"
     r"earlier\s+today|never|don't|do\s+not|avoid|warning|beware|dangerous|careful|caution|"
     r"what\s+does|why|how\s+does|explain(?:s|ed)?|means?|rewrites?|deletes?|removes?|wipes?|"

@@ -6,6 +6,7 @@ terms from the same text, on every replay, on every machine.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 import unicodedata
@@ -167,8 +168,8 @@ _MON = (r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|au
 _ORD = r"(?:st|nd|rd|th)?"
 _WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
 
-# Capitalised words that are not names when they stand alone.
-# Words that start sentences but name nothing (a compact list, not a dictionary).
+# Capitalised words that name nothing when they stand alone or open a sentence (a compact
+# list, not a dictionary).
 _COMMON = STOPWORDS | _WEEKDAYS | frozenset(_MONTHS) | frozenset("""
 i i'm i've i'll i'd good nice congrats congratulations sounds thank glad sorry love loved
 yesterday today tonight tomorrow now then there here sometimes often usually always never
@@ -185,11 +186,11 @@ besides instead otherwise overall sadly luckily unfortunately fortunately hopefu
 hey hi hello dear yo welcome cheers bye goodbye speaking talking anyone someone everyone
 something anything everything nothing nobody somebody everybody thing things stuff
 see edit win lose buy pay move turn pick bring leave meet join watch listen play eat drink
-cook sleep walk drive visit guess imagine remember forget learn teach hear believe wonder
+cook sleep walk drive visit guess imagine remember forget learn teach hear believe wonder talk
 """.split())
 
 _URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'`]+")
-_EMAIL = re.compile(r"\b[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+")
+_EMAIL = re.compile(r"(?<![\w.+\-])[\w.+\-]{1,64}@[\w\-]++(?:\.[\w\-]++)++")
 _HANDLE = re.compile(r"(?<![\w@])@\w(?:[\w.\-]*\w)?")
 _TAG = re.compile(r"(?<![\w#&])#[^\W\d]\w*")
 _DATE_ISO = re.compile(r"\b(\d{4})[-/](\d{1,2})[-/](\d{1,2})(?!\d)")
@@ -199,12 +200,13 @@ _DATE_DMY = re.compile(r"\b(\d{1,2})" + _ORD + r"\s+(?:of\s+)?(" + _MON + r")\b\
                        r"(\d{4})\b)?", re.I)
 _DATE_MY = re.compile(r"\b(" + _MON + r")\.?,?\s+(\d{4})\b", re.I)
 _WINPATH = re.compile(r"\b[A-Za-z]:\\[^\s\"'<>|]+")
-_ABSPATH = re.compile(r"(?<![\w/.~])(?:~|\.{1,2})?/[\w.\-]+(?:/[\w.\-]+)*/?")
-_RELPATH = re.compile(r"(?<![\w/.])[\w.\-]+(?:/[\w.\-]+)+/?")
-_FILE = re.compile(r"\b[\w\-]+(?:\.[\w\-]+)*\.(?:py|pyi|ipynb|js|mjs|ts|tsx|jsx|json|jsonl|"
-                   r"yaml|yml|toml|ini|cfg|conf|env|md|rst|txt|csv|tsv|parquet|avsc|avro|proto|"
-                   r"html|css|scss|java|kt|go|rs|rb|php|c|h|cc|cpp|hpp|cs|swift|sh|bash|zsh|"
-                   r"ps1|sql|xml|lock|log|pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|svg|zip|gz|tar)\b")
+_ABSPATH = re.compile(r"(?<![\w/.~\-])(?:~|\.{1,2})?/[\w.\-]++(?:/[\w.\-]++)*+/?")
+_RELPATH = re.compile(r"(?<![\w/.\-])[\w.\-]++(?:/[\w.\-]++)++/?")
+_FILE = re.compile(r"(?<![\w.\-/\\])[\w\-]++(?:\.[\w\-]++)++")
+_FILE_EXT = re.compile(r"py|pyi|ipynb|js|mjs|ts|tsx|jsx|json|jsonl|yaml|yml|toml|ini|cfg|conf|"
+                       r"env|md|rst|txt|csv|tsv|parquet|avsc|avro|proto|html|css|scss|java|kt|"
+                       r"go|rs|rb|php|c|h|cc|cpp|hpp|cs|swift|sh|bash|zsh|ps1|sql|xml|lock|log|"
+                       r"pdf|docx?|xlsx?|pptx?|png|jpe?g|gif|svg|zip|gz|tar", re.I)
 _CVE = re.compile(r"\bCVE-\d{4}-\d{4,}\b", re.I)
 _HTTP = re.compile(r"\b(?:HTTP|error|status|exit code|code)\s+(\d{3,5})\b", re.I)
 _ERRCODE = re.compile(r"\b[A-Z]{1,5}-?\d{2,6}\b")
@@ -218,15 +220,24 @@ _UNITS_LONG = (r"%|km/h|kms?|kilomet(?:er|re)s?|mi|miles?|meters?|metres?|cm|mm|
 _UNIT = re.compile(r"\b(\d+(?:[.,]\d+)?)(?:\s?(" + _UNITS_LONG + r")(?![\w/])|"
                    r"([mhkxgwlv])\b)", re.I)
 _MONEY = re.compile(r"[$€£¥]\s?\d+(?:[.,]\d+)*(?:\s?[kmb]n?\b)?", re.I)
-_IDENT = re.compile(r"\b_*[A-Za-z][A-Za-z0-9]*(?:_+[A-Za-z0-9]+)+_*\b|"  # snake_case, UPPER_SNAKE
+_IDENT = re.compile(r"\b_*+[A-Za-z][A-Za-z0-9]*+(?:_++[A-Za-z0-9]++)++_*+\b|"  # snake_case, SNAKE
                     r"\b[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+\b|"  # camelCase, iPhone
                     r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+\b|"  # CamelCase, GitHub
-                    r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\(\)")  # call()
+                    r"(?<![\w.])[A-Za-z_]\w*+(?:\.[A-Za-z_]\w*+)*+\(\)")  # call()
 _QUOTES = (re.compile(r"\"([^\"\n]{2,60})\""), re.compile(r"\u201c([^\u201d\n]{2,60})\u201d"),
            re.compile(r"(?<!\w)'([^'\n]{2,60})'(?!\w)"), re.compile(r"`([^`\n]{1,60})`"))
 _CAPWORD = re.compile(r"[^\W\d_][\w'\-]*")
 _CONNECTORS = frozenset("of de da di du del la le van von der den the".split())
-_SENTENCE_END = re.compile(r"(?:^|[.!?:;\n])[\s\"'(\[\u201c*_-]*$")
+_EDGE = _FUNCTION_WORDS | _CONNECTORS
+_LEAD_AT_START = _COMMON | _CONNECTORS
+_OPENERS = frozenset(" \t\r\"'([\u201c*_-")
+
+
+def _at_sentence_start(text: str, i: int) -> bool:
+    """True if only openers (spaces, quotes, brackets, bullets) separate i from a sentence end."""
+    while i > 0 and text[i - 1] in _OPENERS:
+        i -= 1
+    return i == 0 or text[i - 1] in ".!?:;\n"
 
 
 def _iso(y: int, m: int, d: int) -> str | None:
@@ -290,7 +301,7 @@ def _structural(text: str) -> list[tuple[int, int, str]]:
     add(_WINPATH, lambda m: m[0].rstrip(strip_tail))
     add(_ABSPATH, lambda m: m[0].rstrip(".,;:!?"), lambda m: any(c.isalpha() for c in m[0]))
     add(_RELPATH, lambda m: m[0].rstrip(".,;:!?"), lambda m: _path_ok(m[0].rstrip(".,;:!?")))
-    add(_FILE)
+    add(_FILE, keep=lambda m: bool(_FILE_EXT.fullmatch(m[0].rsplit(".", 1)[1])))
     add(_CVE)
     add(_HTTP)
     add(_ERRCODE)
@@ -306,12 +317,17 @@ def _structural(text: str) -> list[tuple[int, int, str]]:
 def _names(text: str, taken: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
     """Runs of capitalised words. At a sentence start a lone common-looking word is no name
     unless it also appears capitalised away from a sentence start."""
-    words = [m for m in _CAPWORD.finditer(text)
-             if not any(s <= m.start() < e for s, e in taken)]
+    starts = [s for s, _ in taken]  # taken: sorted, non-overlapping
+
+    def claimed(i: int) -> bool:
+        j = bisect.bisect_right(starts, i) - 1
+        return j >= 0 and i < taken[j][1]
+
+    words = [m for m in _CAPWORD.finditer(text) if not claimed(m.start())]
     # capitalised words away from sentence starts: evidence that a word is a name
     mid_caps: set[str] = set()
     for w in words:
-        if w[0][0].isupper() and not _SENTENCE_END.search(text[: w.start()]):
+        if w[0][0].isupper() and not _at_sentence_start(text, w.start()):
             mid_caps.add(w[0].rstrip("'-").removesuffix("'s").casefold())
     lowered = {w[0].casefold() for w in words if not w[0][0].isupper()}
 
@@ -346,17 +362,16 @@ def _names(text: str, taken: list[tuple[int, int]]) -> list[tuple[int, int, str]
                 continue
             break
         i = j
-        at_start = bool(_SENTENCE_END.search(text[: run[0].start()]))
+        at_start = _at_sentence_start(text, run[0].start())
         parts = [w[0].rstrip("'-") for w in run]
         parts[-1] = parts[-1].removesuffix("'s")
         # Edge words that are not part of the name: any common word at a sentence start
         # ("Thanks Caroline"), only stopwords/connectors elsewhere ("the Beatles").
-        edge = _COMMON if at_start else _FUNCTION_WORDS
+        lead = _LEAD_AT_START if at_start else _EDGE
         start_idx, end_idx = 0, len(parts)
-        while start_idx < end_idx and parts[start_idx].casefold() in edge | _CONNECTORS:
+        while start_idx < end_idx and parts[start_idx].casefold() in lead:
             start_idx += 1
-        while end_idx > start_idx and parts[end_idx - 1].casefold() in _FUNCTION_WORDS \
-                | _CONNECTORS:
+        while end_idx > start_idx and parts[end_idx - 1].casefold() in _EDGE:
             end_idx -= 1
         kept = parts[start_idx:end_idx]
         if not kept or (len(kept) == 1 and kept[0].casefold() in _COMMON):
@@ -387,9 +402,10 @@ def entities(text: str, limit: int = 16) -> list[str]:
     found: list[tuple[int, int, str]] = []
     spans: list[tuple[int, int]] = []
     for s, e, v in _structural(text):
-        if any(s < te and ts < e for ts, te in spans):
-            continue
-        spans.append((s, e))
+        j = bisect.bisect_left(spans, (s, e))
+        if (j > 0 and spans[j - 1][1] > s) or (j < len(spans) and spans[j][0] < e):
+            continue  # overlaps a span an earlier (more specific) pattern claimed
+        spans.insert(j, (s, e))
         found.append((s, len(found), v))
     for rx in _QUOTES:
         for m in rx.finditer(text):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
@@ -45,7 +46,11 @@ class AuditWatch:
     fired: dict[str, set[str]] = field(default_factory=dict)  # session -> request ids
     brokered: set[str] = field(default_factory=set)
 
+    alive: Callable[[], bool] = lambda: True
+
     async def poll(self) -> None:
+        if not self.alive():
+            raise RuntimeError("the worker stopped during the replay; see its log")
         for r in await self.reader.poll(200):
             a = r.value
             if not a:
@@ -86,13 +91,14 @@ async def wait_projection(settings: Settings, bootstrap: str, timeout: float = 3
 
 
 async def replay(bench: Benchmark, settings: Settings, bootstrap: str, mode: str,
-                 progress: Progress | None = None) -> ReplayLog:
+                 progress: Progress | None = None,
+                 alive: Callable[[], bool] = lambda: True) -> ReplayLog:
     log = ReplayLog(mode)
     man = manifest(mode)
     t0 = time.monotonic()
     async with HostClient(settings, bootstrap) as host, \
             TopicReader(settings, bootstrap, [T.AUDIT.name(settings)]) as reader:
-        audit = AuditWatch(reader)
+        audit = AuditWatch(reader, alive=alive)
         task = progress.add_task("haystack turns", total=sum(len(s.turns) for s in bench.sessions)) \
             if progress else None
         for sess in sorted(bench.sessions, key=lambda s: (s.user, s.time_ms, s.key)):

@@ -77,7 +77,8 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
     env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix,
                MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home))
     log_path = settings.home / f"{settings.app_id}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker",
+                             "--loglevel", "info"], env=env,
                             stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
     con.print(f"{name}: {len(bench.sessions)} sessions, {len(bench.questions)} questions, "
               f"mode {mode}, worker log {log_path}")
@@ -88,7 +89,8 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
                     raise SystemExit(f"worker exited {proc.returncode}; see {log_path}")
                 await asyncio.sleep(0.5)
             with Progress(console=con, transient=True) as progress:
-                log = await replay(bench, settings, bootstrap, mode, progress)
+                log = await replay(bench, settings, bootstrap, mode, progress,
+                                   alive=lambda: proc.poll() is None)
             return log, await _read(settings, bootstrap)
 
         log, data = asyncio.run(go())

@@ -62,6 +62,7 @@ class VectorIndex:
         else:
             self.table = self.db.create_table(TABLE, schema=_schema(meta.dim))
         self._indexed_ann = False
+        self._adds = 0
         self.ids: set[str] = set(
             self.table.search().select(["memory_id"]).limit(None).to_arrow()
             .column("memory_id").to_pylist()) if len(self) else set()
@@ -73,7 +74,9 @@ class VectorIndex:
         if not rows:
             return
         ids = [r["memory_id"] for r in rows]
-        self.table.delete("memory_id IN (" + ",".join(_q(i) for i in ids) + ")")  # idempotent
+        again = [i for i in ids if i in self.ids]
+        if again:  # idempotent re-add; a delete scans the table, so only when needed
+            self.table.delete("memory_id IN (" + ",".join(_q(i) for i in again) + ")")
         data = pa.table({
             "memory_id": ids, "kind": [r["kind"] for r in rows], "text": [r["text"] for r in rows],
             "scope": [r["scope"] for r in rows], "owner": [r["owner"] for r in rows],
@@ -85,6 +88,9 @@ class VectorIndex:
         }, schema=_schema(self.meta.dim))
         self.table.add(data)
         self.ids.update(ids)
+        self._adds += 1
+        if self._adds % 50 == 0:  # many small appends make many fragments: compact them
+            self.table.optimize()
         if not self._indexed_ann and len(self) >= ANN_MIN_ROWS:
             self.table.create_index(metric="cosine", vector_column_name="vector")
             self._indexed_ann = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -68,6 +69,7 @@ class MemoryLogProjector:
             for tp in tps:
                 self.applied[tp] = 0
             self._ready.set()
+            unflushed, last_flush = 0, time.monotonic()
             while True:
                 batch = await consumer.getmany(timeout_ms=200, max_records=2000)
                 for tp, msgs in batch.items():
@@ -83,9 +85,16 @@ class MemoryLogProjector:
                         self.applied[tp] = m.offset + 1
                 async with self._progress:
                     self._progress.notify_all()
-                if batch and not await self._flush_sinks():
-                    continue  # not committed: the next batch retries
-                if batch and self.group:  # committed = fully projected (lexical and vector)
+                unflushed += sum(len(m) for m in batch.values())
+                # flush in chunks: when caught up, every 512 records, or every second
+                due = unflushed and (not batch or unflushed >= 512
+                                     or time.monotonic() - last_flush > 1.0)
+                if not due:
+                    continue
+                if not await self._flush_sinks():
+                    continue  # not committed: the next round retries
+                unflushed, last_flush = 0, time.monotonic()
+                if self.group:  # committed = fully projected (lexical and vector)
                     await consumer.commit({tp: off for tp, off in self.applied.items()})
         finally:
             await consumer.stop()
