@@ -34,16 +34,107 @@ import binascii
 import re
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["RULES", "InjectionVerdict", "NormalisedText", "Rule", "detect_injection",
            "normalise", "rules_markdown"]
 
-_F = re.IGNORECASE | re.MULTILINE
+try:  # the regex parser is private; without it rules run ungated (slower, same verdicts)
+    from re import _constants as _sre_c
+    from re import _parser as _sre_parse
+except ImportError:  # pragma: no cover
+    _sre_parse = None
+
+_F = re.MULTILINE  # rules read casefolded text, so no IGNORECASE (3x slower on Unicode)
 
 
 def _rx(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, _F)
+
+
+def _required(items: object) -> frozenset[str] | None:
+    """Literal strings of which every match of a parsed pattern contains at least one."""
+    best: frozenset[str] | None = None
+    run: list[str] = []
+
+    def consider(cands: frozenset[str] | None) -> None:
+        nonlocal best
+        if cands and (best is None or min(map(len, cands)) > min(map(len, best))):
+            best = cands
+
+    for op, av in items:  # type: ignore[attr-defined]
+        if op is _sre_c.LITERAL:
+            run.append(chr(av))
+            continue
+        if run:
+            consider(frozenset({"".join(run)}))
+            run = []
+        if op is _sre_c.SUBPATTERN:
+            consider(_required(av[-1]))
+        elif op is _sre_c.BRANCH:
+            parts = [_required(b) for b in av[1]]
+            if all(parts):
+                consider(frozenset().union(*parts))  # type: ignore[arg-type]
+        elif op in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT, _sre_c.POSSESSIVE_REPEAT) and av[0] >= 1:
+            consider(_required(av[2]))
+    if run:
+        consider(frozenset({"".join(run)}))
+    return best
+
+
+def _gate(p: re.Pattern[str]) -> frozenset[str] | None:
+    """Literals one of which must occur for `p` to match; None means always run it."""
+    if _sre_parse is None:
+        return None
+    try:
+        return _required(_sre_parse.parse(p.pattern, p.flags))
+    except Exception:  # noqa: BLE001 - a gate is an optimisation, never a verdict
+        return None
+
+
+class _Lits:
+    """Per-call memo of which literals occur in one text view (local, never shared)."""
+
+    __slots__ = ("text", "seen")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.seen: dict[str, bool] = {}
+
+    def any(self, gate: frozenset[str] | None) -> bool:
+        if gate is None:
+            return True
+        seen, text = self.seen, self.text
+        for lit in gate:
+            hit = seen.get(lit)
+            if hit is None:
+                hit = seen[lit] = lit in text
+            if hit:
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class _Gated:
+    """A compiled pattern with its literal gate, for the loops inside predicates."""
+
+    pattern: re.Pattern[str]
+    gate: frozenset[str] | None
+
+    @classmethod
+    def of(cls, pattern: str) -> _Gated:
+        p = _rx(pattern)
+        return cls(p, _gate(p))
+
+    def search(self, text: str, lits: _Lits | None = None) -> re.Match[str] | None:
+        if self.gate is not None and not (lits or _Lits(text)).any(self.gate):
+            return None
+        return self.pattern.search(text)
+
+    def finditer(self, text: str, lits: _Lits | None = None) -> list[re.Match[str]]:
+        if self.gate is not None and not (lits or _Lits(text)).any(self.gate):
+            return []
+        return list(self.pattern.finditer(text))
 
 
 # --------------------------------------------------------------------------- normalisation

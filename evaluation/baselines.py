@@ -30,19 +30,20 @@ def bm25(bench: Benchmark) -> dict[str, list[str]]:
     return out
 
 
-def cosine(bench: Benchmark, turn_vectors: dict[str, np.ndarray],
+def cosine(bench: Benchmark, turn_vectors: dict[tuple[str, str], np.ndarray],
            question_vectors: dict[str, np.ndarray]) -> dict[str, list[str]]:
     """Flat top-k by cosine over the user's turn vectors (the ones the worker indexed)."""
     by_user: dict[str, list[str]] = defaultdict(list)
     for s in bench.sessions:
-        by_user[s.user] += [t.provenance for t in s.turns if t.provenance in turn_vectors]
+        by_user[s.user] += [t.provenance for t in s.turns
+                            if (s.user, t.provenance) in turn_vectors]
     out: dict[str, list[str]] = {}
     for q in bench.questions:
         provs = by_user.get(q.user, [])
         if not provs or q.qid not in question_vectors:
             out[q.qid] = []
             continue
-        m = np.stack([turn_vectors[p] for p in provs])
+        m = np.stack([turn_vectors[(q.user, p)] for p in provs])
         sims = m @ question_vectors[q.qid]
         order = np.argsort(-sims, kind="stable")[:TOP]
         out[q.qid] = [provs[i] for i in order]

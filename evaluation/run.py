@@ -46,13 +46,15 @@ async def _read(settings: Settings, bootstrap: str) -> metrics.TopicData:
 
 
 def _cosine_inputs(bench: Benchmark, settings: Settings,
-                   data: metrics.TopicData) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+                   data: metrics.TopicData
+                   ) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, np.ndarray]]:
     """Turn vectors as the worker indexed them (LanceDB), question vectors embedded here."""
     import lancedb
 
     from mnemoflow.projections.embedding import MiniLMEmbedder
 
-    prov = {m["memoryId"]: metrics.host_provenance(",".join(m["provenance"]))
+    # turn ids repeat across users (every LoCoMo conversation has a D1:3): key by owner too
+    prov = {m["memoryId"]: (m["owner"], metrics.host_provenance(",".join(m["provenance"])))
             for m in data.memory if m["op"] == "segment_recorded"}
     db = lancedb.connect(str(settings.home / "lancedb" / settings.app_id))
     tbl = db.open_table("memories").to_arrow().select(["memory_id", "vector"])
