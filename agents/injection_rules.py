@@ -164,6 +164,8 @@ _CONFUSABLES = str.maketrans({
     "Τ": "T", "Υ": "Y", "Χ": "X",
 })
 _CONFUSABLE_CHARS = frozenset(k for k in map(chr, _CONFUSABLES))
+_HAS_CONFUSABLE = re.compile("[" + "".join(sorted(_CONFUSABLE_CHARS)) + "]")
+_HAS_LEET = re.compile(r"[a-z][0-9@$]|[0-9@$][a-z]")
 _TOKEN = re.compile(r"\w+")
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b",
                        "@": "a", "$": "s"})
@@ -223,6 +225,8 @@ def _decode_variation(run: str) -> str:
 def normalise(text: str) -> NormalisedText:
     """Build the matching views; hidden-text tricks are recorded, not silently dropped."""
     t = unicodedata.normalize("NFKC", text)
+    if t.isascii():  # the common case: no invisible, tag, selector or homoglyph to handle
+        return _views(t, (), None, ())
     payloads: list[str] = []
     for m in _TAGS.finditer(t):
         before = t[max(0, m.start() - 1):m.start()]
@@ -232,19 +236,33 @@ def normalise(text: str) -> NormalisedText:
             payloads.append(decoded)
     for m in _VARIATION_RUN.finditer(t):
         payloads.append(_decode_variation(m.group(0)))
-    run = _INVISIBLE_RUN.search(t)
-    split = tuple(sorted({_INVISIBLE.sub("", w.group(0)).casefold()
-                          for w in _WORD_WITH_INVISIBLE.finditer(t) if _IN_WORD.search(w.group(0))}))
-    t = _VARIATION.sub("", _TAGS.sub("", _INVISIBLE.sub("", t)))
-    t = _map_confusables(t)
+    run = None
+    split: tuple[str, ...] = ()
+    if _INVISIBLE.search(t):
+        run = _INVISIBLE_RUN.search(t)
+        split = tuple(sorted({_INVISIBLE.sub("", w.group(0)).casefold()
+                              for w in _WORD_WITH_INVISIBLE.finditer(t)
+                              if _IN_WORD.search(w.group(0))}))
+        t = _INVISIBLE.sub("", t)
+    t = _VARIATION.sub("", _TAGS.sub("", t))
+    if _HAS_CONFUSABLE.search(t):
+        t = _map_confusables(t)
+    return _views(t, tuple(payloads), repr(run.group(0)) if run else None, split)
+
+
+def _views(t: str, payloads: tuple[str, ...], run: str | None,
+           split: tuple[str, ...]) -> NormalisedText:
     raw = _fold_ws(t)
     folded = _fold_quotes(raw.casefold())
-    d = _SPACED.sub(lambda m: m.group(0).replace(" ", "").replace("\t", ""), t)
-    d = _fold_quotes(_fold_ws(d).casefold())
-    d = _LEET_TOKEN.sub(lambda m: m.group(0).translate(_LEET), d)
-    d = _HYPHEN_CHAIN.sub(lambda m: m.group(0).replace("-", " "), d)
-    return NormalisedText(raw, folded, d, tuple(payloads),
-                          repr(run.group(0)) if run else None, split)
+    d = folded
+    if _SPACED.search(t):
+        d = _SPACED.sub(lambda m: m.group(0).replace(" ", "").replace("\t", ""), t)
+        d = _fold_quotes(_fold_ws(d).casefold())
+    if _HAS_LEET.search(d):
+        d = _LEET_TOKEN.sub(lambda m: m.group(0).translate(_LEET), d)
+    if "-" in d:
+        d = _HYPHEN_CHAIN.sub(lambda m: m.group(0).replace("-", " "), d)
+    return NormalisedText(raw, folded, d, payloads, run, split)
 
 
 # --------------------------------------------------------------------------- shared fragments
@@ -331,21 +349,30 @@ class Rule:
     name: str
     rationale: str
     patterns: tuple[re.Pattern[str], ...] = ()
-    predicate: Callable[[NormalisedText], str | None] | None = None
+    predicate: Callable[[NormalisedText, _Lits], str | None] | None = None
     mention_ok: bool = False  # a bare quoted phrase in a discussion frame passes
     deobfuscate: bool = False  # also try the de-obfuscated view
+    gates: tuple[frozenset[str] | None, ...] = field(init=False, repr=False, compare=False)
 
-    def match(self, t: NormalisedText) -> str | None:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gates", tuple(_gate(p) for p in self.patterns))
+
+    def match(self, t: NormalisedText, lits: _Lits | None = None) -> str | None:
         """The evidence span if the rule fires on `t`, else None."""
-        views = (t.folded, t.deobf) if self.deobfuscate and t.deobf != t.folded else (t.folded,)
-        for view in views:
-            for p in self.patterns:
+        lits = lits or _Lits(t.folded)
+        views = [(t.folded, lits)]
+        if self.deobfuscate and t.deobf != t.folded:
+            views.append((t.deobf, _Lits(t.deobf)))
+        for view, vl in views:
+            for p, gate in zip(self.patterns, self.gates, strict=True):
+                if not vl.any(gate):
+                    continue
                 for m in p.finditer(view):
                     if self.mention_ok and _is_mention(view, m.start(), m.end()):
                         continue
                     return m.group(0)
         if self.predicate is not None:
-            return self.predicate(t)
+            return self.predicate(t, lits)
         return None
 
 
@@ -463,9 +490,9 @@ _HUMAN_TURN = _rx(r"^\s*human\s*:\s.{0,400}?\n\s*assistant\s*:")
 _ROLE_LABEL_START = _rx(r"\A\s*(?:human|user|assistant|system)\s*:")
 
 
-def _forged_turns(t: NormalisedText) -> str | None:
+def _forged_turns(t: NormalisedText, lits: _Lits) -> str | None:
     """A Human:/Assistant: turn pair embedded after other content forges a conversation."""
-    m = _HUMAN_TURN.search(t.folded)
+    m = _HUMAN_TURN.search(t.folded) if "human" in t.folded else None
     if m and not _ROLE_LABEL_START.match(t.folded):
         return m.group(0)
     return None
@@ -473,7 +500,7 @@ def _forged_turns(t: NormalisedText) -> str | None:
 
 # --------------------------------------------------------------------------- INJ-04
 
-_JAILBREAK_ADJ = (r"(?:unfiltered|uncensored|amoral|unrestricted|unaligned|jailbroken|unethical|"
+_JAILBREAK_ADJ = (r"(?:unfiltered|uncensored|amoral|unrestricted|unaligned|jailbroken|"
                   r"without\s+(?:any\s+)?(?:restrictions|limits|filters|rules|ethics|morals|"
                   r"guidelines|content\s+polic(?:y|ies))|never\s+refuses?|no\s+(?:rules|"
                   r"restrictions|limits|filters|guidelines|ethics|morals|ethical\s+guidelines))")
@@ -488,7 +515,7 @@ _PERSONA = tuple(_rx(p) for p in (
     rf"\b(?:pretend|imagine)\s+(?:that\s+)?(?:you\s+are|you're|to\s+be)\b[^.\n]{{0,80}}?"
     rf"(?:\bevil\b|{_JAILBREAK_ADJ})",
     rf"\b(?:you\s+are|you're|act\s+as|acting\s+as|stay\s+in\s+character\s+as|pretend\s+to\s+be|"
-    rf"roleplay\s+as|become)\b[^.\n]{{0,40}}?\b{_JAILBREAK_ADJ}",
+    rf"roleplay\s+as)\b[^.\n]{{0,40}}?\b{_JAILBREAK_ADJ}",
     r"\bdan\b[^.\n]{0,40}\bdo\s+anything\s+now\b|\bdo\s+anything\s+now\b[^.\n]{0,20}\bdan\b|"
     r"\bdan\s+mode\b|\bdeveloper\s+mode\s+(?:enabled|activated)\b|\bdeveloper\s+mode\s*:\s*on\b",
     r"\b(?:enable|enter|activate|switch\s+to|turn\s+on)\s+(?:dan|jailbreak|jailbroken|god|evil|"
@@ -539,7 +566,7 @@ _STANDING = tuple(_rx(p) for p in (
     r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|large\s+language\s+model|language\s+model|chatbot|"
     r"automated\s+\w+|gpt|chatgpt|ai\s+\w+)\b",
     r"(?:^|(?<=[.!?;(\[\"'/#*\-])\s*)(?:ai|llm|chatbot|copilot|chatgpt|gpt|language\s+model|"
-    r"ai\s+(?:assistant|agent)s?)\s*[,:]\s*(?:please\s+)?(?:ignore|disregard|forget|do\b|don't|"
+    r"ai\s+(?:assistant|agent)s?)\s*[,:]\s*(?:please\s+)?(?:ignore|disregard|forget|do\s+not|don't|"
     r"never|always|run|execute|send|delete|remove|commit|push|merge|add|insert|write|reply|"
     r"respond|tell|say|state|include|make|call|use|open|visit|click|recommend|rate|mark|approve|"
     r"forward|output|print|reveal|summari[sz]e|translate|grant|transfer|book|buy)\b",
@@ -571,7 +598,7 @@ _STANDING = tuple(_rx(p) for p in (
     r"(?:^|(?<=[.!?;:]\s))(?:please\s+)?(?:always|never)\s+(?:\w+\s+){0,2}(?:your\s+)?"
     r"(?:responses?|replies|answers?|summar(?:y|ies)|outputs?)\b",
     r"\b(?:for|in)\s+(?:all|every|any)\s+(?:future|subsequent|later|upcoming)\s+(?:sessions?|"
-    r"conversations?|chats?|replies|answers|responses|interactions)\b",
+    r"conversations?|chats?|interactions)\s*[:,]",
     r"\bfor\s+the\s+rest\s+of\s+(?:our|this|all)\s+(?:conversations?|chats?|sessions?)\b",
 ))
 
@@ -594,11 +621,11 @@ _EXTRACTION = tuple(_rx(p) for p in (
 
 # --------------------------------------------------------------------------- INJ-07
 
-_EXFIL_VERB = _rx(_imp(
+_EXFIL_VERB = _Gated.of(_imp(
     r"send|post|upload|forward|e-?mail|mail|leak|exfiltrate|transmit|paste|share|submit|copy|"
     r"append|add|include|attach|put|write|dump|export|sync|pipe|report|deliver|push|publish|"
     r"relay|text|dm|message|encode|embed|insert|enter|type|fill\s+in|input|save"))
-_SECRET = _rx(
+_SECRET = _Gated.of(
     r"(?:\b|_)api[\s_-]?keys?\b|\baccess[\s_-]?keys?\b|\bsecret[\s_-]?keys?\b|\bsecrets?\b|"
     r"\bpass(?:words?|wd|phrases?|codes?)\b|\bcredentials?\b|\bcreds\b|\b(?:session|auth|"
     r"access|bearer|refresh|admin)\s+tokens?\b|\btokens?\b|\bcookies?\b|\bprivate\s+keys?\b|"
@@ -612,14 +639,14 @@ _SECRET = _rx(
     r"(?:my|the|your|the\s+user'?s?)?\s*(?:e-?mails|messages|files|contacts|documents)\b|"
     r"\bseed\s+phrase\b|\b(?:2fa|otp|verification|one-time)\s+codes?\b|\bkeychain\b|"
     r"\bwallet\b|/etc/(?:passwd|shadow)")
-_DEST = _rx(
+_DEST = _Gated.of(
     r"https?://\S+|\bwww\.\S+|\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b|\b[\w-]+\.(?:com|net|org|io|xyz|"
     r"ru|cn|top|site|app|dev|me|info|biz|shop|online|cc|tk|link|example)\b|\bwebhooks?\b|"
     r"\bpastebin\b|\bngrok\b|\brequestbin\b|\bdiscord\b|\btelegram\b|\b(?:this|that|the\s+"
     r"following|the\s+below|my|our)\s+(?:url|link|address|e-?mail|endpoint|server|webhook|site|"
     r"domain|channel)\b|\baddress\s+below\b|\b(?:in|into)\s+(?:your|the)\s+(?:response|reply|"
     r"answer|output)\b")
-_EXFIL_DIRECT = tuple(_rx(p) for p in (
+_EXFIL_DIRECT = tuple(_Gated.of(p) for p in (
     r"\b(?:reply|respond|answer)\s+with\s+(?:the|your|my|all|its)?\s*(?:\w+\s+){0,2}"
     r"(?:password|passwd|api\s+key|token|secret|credentials|private\s+key|pin|ssn|otp|"
     r"verification\s+code)s?\b",
@@ -630,11 +657,17 @@ _EXFIL_DIRECT = tuple(_rx(p) for p in (
 ))
 
 
-def _exfiltration(t: NormalisedText) -> str | None:
+def _exfiltration(t: NormalisedText, lits: _Lits) -> str | None:
     """Imperative send/post/share + a secret + an external destination, in one sentence."""
-    for s in _SENTENCE_SPLIT.split(t.folded):
-        v = _EXFIL_VERB.search(s)
-        if v and _SECRET.search(s) and _DEST.search(s):
+    text = t.folded
+    for p in _EXFIL_DIRECT:
+        if m := p.search(text, lits):
+            return m.group(0)
+    if not (_DEST.search(text, lits) and _SECRET.search(text, lits) and lits.any(_EXFIL_VERB.gate)):
+        return None
+    for s in _SENTENCE_SPLIT.split(text):
+        v = _EXFIL_VERB.pattern.search(s)
+        if v and _SECRET.pattern.search(s) and _DEST.pattern.search(s):
             return s[v.start():].strip()
     return None
 
@@ -647,19 +680,32 @@ _SIDE_VERBS = (r"deploy|delete|remove|wipe|erase|purge|drop|transfer|wire|pay|pu
                r"refund|sell|invest|charge|sign|accept|execute|run|call|invoke|trigger|open|"
                r"visit|download|commit|overwrite|reset|rotate|close|archive|move|upload|share|"
                r"change|modify|update|create|submit|mark|fetch|ping|navigate\s+to|launch")
-_URGENCY = _rx(
-    r"\b(?:immediately|right\s+away|right\s+now|at\s+once|asap|without\s+(?:asking|confirmation|"
-    r"confirming|approval|permission|checking|review(?:ing)?|waiting|telling|notifying|"
-    r"prompting|hesitation|delay|user\s+(?:approval|consent|confirmation))|no\s+need\s+to\s+"
-    r"(?:confirm|ask|check)|automatically|silently|quietly|secretly|covertly|before\s+(?:the\s+"
-    r"user|anyone|responding|answering|replying|doing\s+anything\s+else)|as\s+soon\s+as\s+you\s+"
-    r"(?:read|see|process|receive)|do\s+not\s+ask|don't\s+ask|skip\s+(?:the\s+)?(?:review|"
-    r"confirmation|approval|checks?))\b")
-_SIDE_IMP = _rx(_imp(_SIDE_VERBS))
+# Strong: the order itself waives the human check. Weak: plain haste, which how-to advice is
+# full of ("remove infected leaves immediately"), so it only counts with an agent-sized target.
+_URGENCY_STRONG = _Gated.of(
+    r"\b(?:without\s+(?:asking|confirmation|confirming|approval|permission|checking|review(?:ing)?|"
+    r"waiting\s+for|telling|notifying|prompting|user\s+(?:approval|consent|confirmation))|"
+    r"no\s+need\s+to\s+(?:confirm|ask|check)|silently|secretly|covertly|before\s+(?:the\s+user|"
+    r"anyone)\s+(?:notices|sees|knows|checks)|as\s+soon\s+as\s+you\s+(?:read|see|process|"
+    r"receive)|do\s+not\s+ask|don't\s+ask|skip\s+(?:the\s+)?(?:review|confirmation|approval|"
+    r"checks?))\b")
+_URGENCY_WEAK = _Gated.of(r"\b(?:immediately|right\s+away|right\s+now|at\s+once|asap|"
+                          r"automatically|quietly)\b")
+_AGENT_TARGET = _Gated.of(
+    r"\b(?:the\s+user'?s?|production|prod|database|repo(?:sitory)?|servers?|cluster|funds|"
+    r"payments?|invoices?|pull\s+requests?|pr\s*#|main\s+branch|expense|saved\s+card|credit\s+"
+    r"card|shared\s+drive|all\s+(?:the\s+)?(?:files|e-?mails|messages|data|records|backups|"
+    r"users|accounts)|backups?|vendor|permissions?|admin|tool)\b")
+# Side effects are only orders at the head of a sentence or clause (not after "and": that is
+# how narration and advice chain verbs: "cycle and then run immediately after").
+_SIDE_IMP = _Gated.of(rf"(?:^|(?<=[.!?;:,\n(\[\"'`>*\-])|{_ADDRESSED})\s*{_LEAD}(?:{_SIDE_VERBS})\b")
+_TOOL_NAME = r"`?(?!to\b|for\b|of\b|a\b|an\b|the\b)[\w./-]+`?"
 _TOOL_FORCING = tuple(_rx(p) for p in (
-    _imp(r"call|invoke|trigger|run|execute|use|fire|activate|launch")
-    + r"\s+(?:the\s+|your\s+|a\s+)?`?[\w./-]+`?\s+(?:tool|plugin|action|connector|integration|"
-    r"skill)\b",
+    _imp(r"call|invoke|trigger") + r"\s+(?:the\s+|your\s+|a\s+)?" + _TOOL_NAME
+    + r"\s+(?:tool|plugin|action|connector|integration|skill)\b",
+    _imp(r"use|run|execute|fire|activate|launch")
+    + r"\s+(?:the\s+|your\s+)?`?[a-z0-9]+(?:[_.][a-z0-9]+)+`?\s+(?:tool|plugin|action|"
+    r"connector|integration|skill)\b",
     _imp(r"call|invoke|run|execute|trigger")
     + r"\s+`?(?:transfer|send|delete|remove|drop|wipe|deploy|pay|purchase|buy|grant|approve|"
     r"exec|shell|run_command|system|spawn|upload|post|email|publish|merge|push|revoke|"
@@ -670,31 +716,30 @@ _TOOL_FORCING = tuple(_rx(p) for p in (
     r"root|admin|browser|tool|code\s+execution|file\s*system|internet|network)\s+access\b",
     r"\b(?:quietly|silently|secretly|covertly|invisibly)\s+(?:visit|open|fetch|load|request|ping|"
     r"call|curl|navigate\s+to|browse\s+to|access|hit)\b[^.\n]{0,40}?https?://",
+    _imp(r"call|invoke|trigger|run|execute|use|fire") + r"\s+(?:the\s+)?" + _TOOL_NAME
+    + r"\s+(?:tool|function|plugin|action|webhook|endpoint)\b[^.\n]{0,60}?\bnow\b",
+    r"(?:\byou\s+(?:must|need\s+to|have\s+to|are\s+to|will)|\b(?:assistant|agent|ai)\b[^.\n]{0,20})"
+    r"\s+run\s+the\s+following\b",
 ))
-_TOOL_NOW = _rx(_imp(r"call|invoke|trigger|run|execute|use|fire")
-                + r"\s+(?:the\s+)?[\w./-]+\s+(?:tool|function|plugin|action|webhook|endpoint)\b"
-                r"[^.\n]{0,60}?\bnow\b")
-_RUN_FOLLOWING = _rx(r"\brun\s+the\s+following\b")
 
 
-def _side_effect_order(t: NormalisedText) -> str | None:
-    """An imperative side effect (deploy, delete, pay, ...) with urgency or no-confirmation."""
+def _side_effect_order(t: NormalisedText, lits: _Lits) -> str | None:
+    """An imperative side effect (deploy, delete, pay, ...) that waives the human check."""
+    strong = _URGENCY_STRONG.search(t.folded, lits)
+    weak = _URGENCY_WEAK.search(t.folded, lits) and _AGENT_TARGET.search(t.folded, lits)
+    if not (strong or weak) or not lits.any(_SIDE_IMP.gate):
+        return None
     for s in _SENTENCE_SPLIT.split(t.folded):
-        v = _SIDE_IMP.search(s)
-        if v and _URGENCY.search(s):
+        v = _SIDE_IMP.pattern.search(s)
+        if v and (_URGENCY_STRONG.pattern.search(s) or (
+                _URGENCY_WEAK.pattern.search(s) and _AGENT_TARGET.pattern.search(s))):
             return s[v.start():].strip()
-        m = _TOOL_NOW.search(s)
-        if m:
-            return m.group(0).strip()
-        r = _RUN_FOLLOWING.search(s)
-        if r and (_URGENCY.search(s) or re.search(r"\b(?:you|assistant|agent|ai)\b", s[:r.start()])):
-            return s[r.start():].strip()
     return None
 
 
 # --------------------------------------------------------------------------- INJ-09
 
-_DANGEROUS = tuple(_rx(p) for p in (
+_DANGEROUS = tuple(_Gated.of(p) for p in (
     r"\brm\s+(?:-[a-z-]+\s+)*-[a-z]*[rf][a-z]*\s+(?:-[-\w]+\s+)*(?:/(?=[\s`'\")*]|$)|~/?(?=[\s`'\")]|$)|"
     r"\$home\b|\*|/\*|\.\.?/?(?=\s|$)|/(?:etc|usr|var|bin|boot|lib|home|root|opt|srv|sys)\b|"
     r"--no-preserve-root)",
@@ -705,7 +750,7 @@ _DANGEROUS = tuple(_rx(p) for p in (
     r"\biex\b\s*\(?\s*\(?\s*(?:new-object|iwr|invoke-webrequest|irm|invoke-restmethod)|"
     r"downloadstring\s*\(",
     r"base64\s+(?:-d|--decode)\b[^\n]{0,80}\|\s*(?:sudo\s+)?(?:ba|z)?sh\b",
-    r"\bmkfs(?:\.\w+)?\s+/dev/|\bdd\s+if=\S+\s+of=/dev/(?:sd|nvme|hd|disk|xvd|vd)",
+    r"\bmkfs(?:\.\w+)?\s+/dev/(?:sd|nvme|hd|disk|xvd|vd|mmcblk)|\bdd\s+if=\S+\s+of=/dev/(?:sd|nvme|hd|disk|xvd|vd)",
     r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:",
     r">\s*/dev/(?:sd|nvme|hd)[a-z]",
     r"\bchmod\s+(?:-r\s+)?0?777\s+/(?=\s|$)|\bchown\s+-r\s+\S+\s+/(?=\s|$)",
@@ -715,9 +760,9 @@ _DANGEROUS = tuple(_rx(p) for p in (
     r"(?:--force|-f)(?![\w-])",
     r"\bos\.system\s*\(|\bsubprocess\.\w+\s*\([^)]{0,100}(?:curl|wget|rm\s+-rf)",
     r"\beval\s*\(\s*(?:atob|base64|unescape|decodeuricomponent)",
-    r"\bshutdown\s+(?:-h|-r|/s|/r)\b|\bformat\s+c:|\bdel\s+/[fsq]\b|\bkill\s+-9\s+-1\b",
+    r"\bformat\s+c:|\bdel\s+/[fsq]\b|\bkill\s+-9\s+-1\b",
     r"\b(?:env|printenv)\s*\|\s*(?:curl|nc|wget)\b",
-    r"\bcat\s+[~/.\w-]*(?:\.ssh/|/etc/shadow|\.aws/credentials)",
+    r"\bcat\s+[~/.\w-]*(?:\.ssh/(?![\w.-]*\.pub\b)|/etc/shadow|\.aws/credentials)",
     r"\b(?:curl|wget)\s[^\n]{0,200}(?:-d|--data(?:-binary)?|-f|--upload-file|-t)\s+@?[~/.\w-]*"
     r"(?:\.ssh|\.aws|\.env|/etc/passwd|id_rsa|credentials)",
 ))
@@ -729,19 +774,18 @@ _TRUSTED_INSTALLERS = _rx(
 # Narration, warnings and descriptions around a command: it is being talked about, not ordered.
 _NARRATIVE = _rx(
     r"(?<![-\w])(?:i|we|he|she|they|someone|somebody|my|our)\b|\b(?:ran|executed|typed|tried|"
-    r"installed|"
-    r"used|did|had|was|were|accidentally|yesterday|ago|last\s+(?:week|night|time|month|year)|"
-    r"earlier\s+today|never|don't|do\s+not|avoid|warning|beware|dangerous|careful|caution|"
+    r"installed|used|did|had|was|were|accidentally|yesterday|ago|last\s+(?:week|night|time|month|"
+    r"year)|earlier\s+today|never|don't|do\s+not|avoid|warning|beware|dangerous|careful|caution|"
     r"what\s+does|why|how\s+does|explain(?:s|ed)?|means?|rewrites?|deletes?|removes?|wipes?|"
     r"destroys?|erases?|is|are|would|could|can)\b")
 _SENTENCE_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=\S)|\n")
 
 
-def _dangerous_command(t: NormalisedText) -> str | None:
+def _dangerous_command(t: NormalisedText, lits: _Lits) -> str | None:
     """A destructive or remote-code command that is not narrated, described or warned about."""
     text = t.folded
     for p in _DANGEROUS:
-        for m in p.finditer(text):
+        for m in p.finditer(text, lits):
             starts = [b.end() for b in _SENTENCE_BOUNDARY.finditer(text, 0, m.start())]
             s0 = starts[-1] if starts else 0
             e = _SENTENCE_BOUNDARY.search(text, m.end())
@@ -772,21 +816,22 @@ _ORDER_CUE = _rx(
     r"forward|execute|run|summari[sz]e|rate|mark|claim)\b")
 
 
-def _hidden_markup(t: NormalisedText) -> str | None:
+def _hidden_markup(t: NormalisedText, lits: _Lits) -> str | None:
     """Comments, invisible elements and attributes are read by the model, not by the human."""
     text = t.folded
-    for m in _HTML_COMMENT.finditer(text):
-        if _AI_CUE.search(m.group(1)) and _ORDER_CUE.search(m.group(1)):
-            return m.group(0)
-    for m in _MD_COMMENT.finditer(text):
-        if _AI_CUE.search(m.group(1)) and _ORDER_CUE.search(m.group(1)):
-            return m.group(0)
-    for m in _HIDDEN_TAG.finditer(text):
-        if _ORDER_CUE.search(m.group(2)):
-            return m.group(2).strip() or m.group(0)
-    for m in _ATTR_TEXT.finditer(text):
-        if _AI_CUE.search(m.group(1)) and _ORDER_CUE.search(m.group(1)):
-            return m.group(0)
+    bodies: list[tuple[str, str, bool]] = []  # (evidence, body, needs an AI cue)
+    if "<!--" in text:
+        bodies += [(m.group(0), m.group(1), True) for m in _HTML_COMMENT.finditer(text)]
+    if "]:" in text:
+        bodies += [(m.group(0), m.group(1), True) for m in _MD_COMMENT.finditer(text)]
+    if "<" in text:
+        bodies += [(m.group(2).strip() or m.group(0), m.group(2), False)
+                   for m in _HIDDEN_TAG.finditer(text)]
+    if '="' in text:
+        bodies += [(m.group(0), m.group(1), True) for m in _ATTR_TEXT.finditer(text)]
+    for evidence, body, needs_ai in bodies:
+        if _ORDER_CUE.search(body) and (not needs_ai or _AI_CUE.search(body)):
+            return evidence
     return None
 
 
@@ -829,14 +874,15 @@ def _decoded_candidates(raw: str) -> list[str]:
     return out
 
 
-def _encoded_payload(t: NormalisedText) -> str | None:
+def _encoded_payload(t: NormalisedText, lits: _Lits) -> str | None:
     """Base64/hex text that decodes to something another rule flags is a wrapped injection."""
     for decoded in _decoded_candidates(t.raw):
         inner = normalise(decoded)
+        inner_lits = _Lits(inner.folded)
         for rule in RULES:
             if rule.rule_id in _NO_RECURSE:
                 continue
-            hit = rule.match(inner)
+            hit = rule.match(inner, inner_lits)
             if hit:
                 return f"decoded -> {rule.rule_id}: {hit}"
     return None
@@ -845,7 +891,7 @@ def _encoded_payload(t: NormalisedText) -> str | None:
 # --------------------------------------------------------------------------- INJ-12
 
 
-def _invisible(t: NormalisedText) -> str | None:
+def _invisible(t: NormalisedText, lits: _Lits) -> str | None:
     """Tag-character or variation-selector payloads, zero-width runs, or keywords split apart."""
     if t.hidden_payloads:
         return "hidden payload: " + t.hidden_payloads[0]
@@ -898,7 +944,7 @@ RULES: tuple[Rule, ...] = (
     Rule("INJ-07", "exfiltration to an external destination",
          "an order to send secrets or private data to a URL, address or the reply is never "
          "reference material, whatever the quoting",
-         _EXFIL_DIRECT, predicate=_exfiltration),
+         predicate=_exfiltration),
     Rule("INJ-08", "tool forcing or side-effect order",
          "a memory must not make the agent call a tool, pay, delete or deploy, least of all "
          "'now' or 'without asking'",
@@ -947,8 +993,9 @@ def detect_injection(text: str) -> InjectionVerdict:
     if not text or not text.strip():
         return _CLEAN
     t = normalise(text)
+    lits = _Lits(t.folded)
     for rule in RULES:
-        hit = rule.match(t)
+        hit = rule.match(t, lits)
         if hit is not None:
             evidence = " ".join(hit.split())[:80]
             return InjectionVerdict(True, rule.rule_id, rule.name, evidence)

@@ -1,0 +1,24 @@
+"""One distribution; the folders install under mnemoflow.*; the .avsc files ship in the wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_ships_the_schemas_and_no_bare_top_level_packages(tmp_path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path), str(ROOT)], check=True)
+    (wheel,) = tmp_path.glob("mnemoflow-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.startswith("mnemoflow-")}
+    assert tops == {"mnemoflow"}  # never bare `agents`, `streams`, ...
+    avsc = {Path(n).name for n in names if n.endswith(".avsc")}
+    shipped = {p.name for p in (ROOT / "schemas").rglob("*.avsc")}
+    assert avsc == shipped and len(avsc) == 13
+    assert "mnemoflow/agents/tuning.json" in names
+    assert any(n.endswith("entry_points.txt") for n in names)
