@@ -52,44 +52,80 @@ def _rx(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, _F)
 
 
-def _required(items: object) -> frozenset[str] | None:
-    """Literal strings of which every match of a parsed pattern contains at least one."""
-    best: frozenset[str] | None = None
+def _is_space_class(op: object, av: object) -> bool:
+    return op is _sre_c.IN and list(av) == [(_sre_c.CATEGORY, _sre_c.CATEGORY_SPACE)]  # type: ignore
+
+
+def _pure_literal(seq: object) -> str | None:
+    chars = []
+    for op, av in seq:  # type: ignore[attr-defined]
+        if op is not _sre_c.LITERAL:
+            return None
+        chars.append(" " if av == 10 else chr(av))
+    return "".join(chars)
+
+
+def _requirements(items: object) -> list[frozenset[str]]:
+    r"""Sets of literals; every match of the parsed sequence contains one literal of each set.
+
+    Literals are spelled with newline as space: gates are tested on a newline-flattened copy
+    of a whitespace-folded view (no runs of whitespace), where `\s+` is exactly one space.
+    """
+    found: list[frozenset[str]] = []
     run: list[str] = []
 
-    def consider(cands: frozenset[str] | None) -> None:
-        nonlocal best
-        if cands and (best is None or min(map(len, cands)) > min(map(len, best))):
-            best = cands
+    def flush() -> None:
+        if run:
+            found.append(frozenset({"".join(run)}))
+            run.clear()
 
     for op, av in items:  # type: ignore[attr-defined]
         if op is _sre_c.LITERAL:
-            run.append(chr(av))
+            run.append(" " if av == 10 else chr(av))
             continue
-        if run:
-            consider(frozenset({"".join(run)}))
-            run = []
-        if op is _sre_c.SUBPATTERN:
-            consider(_required(av[-1]))
-        elif op is _sre_c.BRANCH:
-            parts = [_required(b) for b in av[1]]
+        if op is _sre_c.MAX_REPEAT and av[0] >= 1 and len(av[2]) == 1 \
+                and _is_space_class(*av[2][0]):
+            run.append(" ")  # the views are whitespace-folded: `\s+` is exactly one char
+            continue
+        if op is _sre_c.BRANCH:
+            lits = [_pure_literal(b) for b in av[1]]
+            if run and all(lits):
+                found.append(frozenset("".join(run) + x for x in lits))  # type: ignore[operator]
+                run.clear()
+                continue
+            flush()
+            parts = [_best(b) for b in av[1]]
             if all(parts):
-                consider(frozenset().union(*parts))  # type: ignore[arg-type]
+                found.append(frozenset().union(*parts))  # type: ignore[arg-type]
+            continue
+        flush()
+        if op is _sre_c.SUBPATTERN:
+            found.extend(_requirements(av[-1]))
         elif op in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT, _sre_c.POSSESSIVE_REPEAT) and av[0] >= 1:
-            consider(_required(av[2]))
-    if run:
-        consider(frozenset({"".join(run)}))
-    return best
+            found.extend(_requirements(av[2]))
+    flush()
+    return found
 
 
-def _gate(p: re.Pattern[str]) -> frozenset[str] | None:
-    """Literals one of which must occur for `p` to match; None means always run it."""
-    if _sre_parse is None:
+def _best(items: object) -> frozenset[str] | None:
+    reqs = _requirements(items)
+    return max(reqs, key=lambda r: (min(map(len, r)), -len(r))) if reqs else None
+
+
+_Gate = tuple[frozenset[str], ...] | None
+
+
+def _gate(p: re.Pattern[str]) -> _Gate:
+    """Literal sets that must all be hit for `p` to match; None means always run it."""
+    if _sre_parse is None or p.flags & re.IGNORECASE:
         return None
     try:
-        return _required(_sre_parse.parse(p.pattern, p.flags))
+        reqs = _requirements(_sre_parse.parse(p.pattern, p.flags))
     except Exception:  # noqa: BLE001 - a gate is an optimisation, never a verdict
         return None
+    reqs = sorted({r for r in reqs if min(map(len, r)) >= 2},
+                  key=lambda r: (-min(map(len, r)), len(r)))[:3]
+    return tuple(reqs) or None
 
 
 class _Lits:
@@ -98,20 +134,24 @@ class _Lits:
     __slots__ = ("text", "seen")
 
     def __init__(self, text: str) -> None:
-        self.text = text
+        self.text = text.replace("\n", " ")
         self.seen: dict[str, bool] = {}
 
-    def any(self, gate: frozenset[str] | None) -> bool:
+    def any(self, gate: _Gate) -> bool:
+        """True if every literal set of the gate has a literal in the text."""
         if gate is None:
             return True
         seen, text = self.seen, self.text
-        for lit in gate:
-            hit = seen.get(lit)
-            if hit is None:
-                hit = seen[lit] = lit in text
-            if hit:
-                return True
-        return False
+        for group in gate:
+            for lit in group:
+                hit = seen.get(lit)
+                if hit is None:
+                    hit = seen[lit] = lit in text
+                if hit:
+                    break
+            else:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -119,7 +159,7 @@ class _Gated:
     """A compiled pattern with its literal gate, for the loops inside predicates."""
 
     pattern: re.Pattern[str]
-    gate: frozenset[str] | None
+    gate: _Gate
 
     @classmethod
     def of(cls, pattern: str) -> _Gated:
@@ -135,6 +175,24 @@ class _Gated:
         if self.gate is not None and not (lits or _Lits(text)).any(self.gate):
             return []
         return list(self.pattern.finditer(text))
+
+
+@dataclass(frozen=True)
+class _AnyOf:
+    """Alternatives kept as separately gated patterns: one big alternation cannot be gated."""
+
+    parts: tuple[_Gated, ...]
+
+    @classmethod
+    def of(cls, *patterns: str) -> _AnyOf:
+        return cls(tuple(_Gated.of(p) for p in patterns))
+
+    def search(self, text: str, lits: _Lits | None = None) -> re.Match[str] | None:
+        lits = lits or _Lits(text)
+        for part in self.parts:
+            if m := part.search(text, lits):
+                return m
+        return None
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -352,7 +410,7 @@ class Rule:
     predicate: Callable[[NormalisedText, _Lits], str | None] | None = None
     mention_ok: bool = False  # a bare quoted phrase in a discussion frame passes
     deobfuscate: bool = False  # also try the de-obfuscated view
-    gates: tuple[frozenset[str] | None, ...] = field(init=False, repr=False, compare=False)
+    gates: tuple[_Gate, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gates", tuple(_gate(p) for p in self.patterns))
@@ -625,27 +683,31 @@ _EXFIL_VERB = _Gated.of(_imp(
     r"send|post|upload|forward|e-?mail|mail|leak|exfiltrate|transmit|paste|share|submit|copy|"
     r"append|add|include|attach|put|write|dump|export|sync|pipe|report|deliver|push|publish|"
     r"relay|text|dm|message|encode|embed|insert|enter|type|fill\s+in|input|save"))
-_SECRET = _Gated.of(
-    r"(?:\b|_)api[\s_-]?keys?\b|\baccess[\s_-]?keys?\b|\bsecret[\s_-]?keys?\b|\bsecrets?\b|"
-    r"\bpass(?:words?|wd|phrases?|codes?)\b|\bcredentials?\b|\bcreds\b|\b(?:session|auth|"
-    r"access|bearer|refresh|admin)\s+tokens?\b|\btokens?\b|\bcookies?\b|\bprivate\s+keys?\b|"
-    r"\bssh\s+keys?\b|\bid_rsa\b|\.ssh\b|\.aws\b|(?<!\w)\.env\b|\benv(?:ironment)?\s+"
-    r"(?:vars?|variables?|file)\b|\baws_\w+|\bconversation(?:\s+history)?\b|\bchat\s+(?:history|"
-    r"logs?|transcripts?)\b|\btranscripts?\b|\buser'?s?\s+(?:\w+\s+)?(?:data|e-?mail\s+address|"
-    r"e-?mails?|address|phone(?:\s+number)?|location|contacts?|messages?|files?|history|details|"
-    r"information|profile|credentials|passwords?|card|credit\s+card|documents?)\b|\bpersonal\s+"
-    r"(?:data|information|details)\b|\bpii\b|\bcredit\s+card|\bcard\s+numbers?\b|\bssn\b|"
-    r"\bsocial\s+security\b|\bsystem\s+prompt\b|\bmemor(?:y|ies)\b|\binbox\b|\ball\s+(?:of\s+)?"
-    r"(?:my|the|your|the\s+user'?s?)?\s*(?:e-?mails|messages|files|contacts|documents)\b|"
-    r"\bseed\s+phrase\b|\b(?:2fa|otp|verification|one-time)\s+codes?\b|\bkeychain\b|"
-    r"\bwallet\b|/etc/(?:passwd|shadow)")
-_DEST = _Gated.of(
-    r"https?://\S+|\bwww\.\S+|\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b|\b[\w-]+\.(?:com|net|org|io|xyz|"
-    r"ru|cn|top|site|app|dev|me|info|biz|shop|online|cc|tk|link|example)\b|\bwebhooks?\b|"
-    r"\bpastebin\b|\bngrok\b|\brequestbin\b|\bdiscord\b|\btelegram\b|\b(?:this|that|the\s+"
-    r"following|the\s+below|my|our)\s+(?:url|link|address|e-?mail|endpoint|server|webhook|site|"
-    r"domain|channel)\b|\baddress\s+below\b|\b(?:in|into)\s+(?:your|the)\s+(?:response|reply|"
-    r"answer|output)\b")
+_SECRET = _AnyOf.of(
+    r"(?:\b|_)api[\s_-]?keys?\b", r"\b(?:access|secret)[\s_-]?keys?\b", r"\bsecrets?\b",
+    r"\bpass(?:words?|wd|phrases?|codes?)\b", r"\bcredentials?\b|\bcreds\b", r"\btokens?\b",
+    r"\bcookies?\b", r"\b(?:private|ssh)\s+keys?\b|\bid_rsa\b|\.ssh\b|\.aws\b|\baws_\w+",
+    r"(?<!\w)\.env\b|\benv(?:ironment)?\s+(?:vars?|variables?|file)\b",
+    r"\bconversation(?:\s+history)?\b|\bchat\s+(?:history|logs?|transcripts?)\b|\btranscripts?\b",
+    r"\buser'?s?\s+(?:\w+\s+)?(?:data|e-?mail\s+address|e-?mails?|address|phone(?:\s+number)?|"
+    r"location|contacts?|messages?|files?|history|details|information|profile|credentials|"
+    r"passwords?|card|credit\s+card|documents?)\b",
+    r"\bpersonal\s+(?:data|information|details)\b|\bpii\b|\bssn\b|\bsocial\s+security\b",
+    r"\bcredit\s+card|\bcard\s+numbers?\b", r"\bsystem\s+prompt\b", r"\bmemor(?:y|ies)\b",
+    r"\binbox\b", r"\ball\s+(?:of\s+)?(?:my|the|your|the\s+user'?s?)?\s*(?:e-?mails|messages|"
+    r"files|contacts|documents)\b",
+    r"\bseed\s+phrase\b|\b(?:2fa|otp|verification|one-time)\s+codes?\b|\bkeychain\b|\bwallet\b",
+    r"/etc/(?:passwd|shadow)",
+)
+_DEST = _AnyOf.of(
+    r"https?://\S+", r"\bwww\.\S+", r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b",
+    r"\b[\w-]+(?:\.com|\.net|\.org|\.io|\.xyz|\.ru|\.cn|\.top|\.site|\.app|\.dev|\.me|\.info|"
+    r"\.biz|\.shop|\.online|\.cc|\.tk|\.link|\.example)\b",
+    r"\b(?:webhooks?|pastebin|ngrok|requestbin|discord|telegram)\b",
+    r"\b(?:this|that|the\s+following|the\s+below|my|our)\s+(?:url|link|address|e-?mail|endpoint|"
+    r"server|webhook|site|domain|channel)\b",
+    r"\baddress\s+below\b", r"\b(?:in|into)\s+(?:your|the)\s+(?:response|reply|answer|output)\b",
+)
 _EXFIL_DIRECT = tuple(_Gated.of(p) for p in (
     r"\b(?:reply|respond|answer)\s+with\s+(?:the|your|my|all|its)?\s*(?:\w+\s+){0,2}"
     r"(?:password|passwd|api\s+key|token|secret|credentials|private\s+key|pin|ssn|otp|"
@@ -663,11 +725,12 @@ def _exfiltration(t: NormalisedText, lits: _Lits) -> str | None:
     for p in _EXFIL_DIRECT:
         if m := p.search(text, lits):
             return m.group(0)
-    if not (_DEST.search(text, lits) and _SECRET.search(text, lits) and lits.any(_EXFIL_VERB.gate)):
+    if not (lits.any(_EXFIL_VERB.gate) and _DEST.search(text, lits) and _SECRET.search(text, lits)):
         return None
     for s in _SENTENCE_SPLIT.split(text):
-        v = _EXFIL_VERB.pattern.search(s)
-        if v and _SECRET.pattern.search(s) and _DEST.pattern.search(s):
+        sl = _Lits(s)
+        v = _EXFIL_VERB.search(s, sl)
+        if v and _DEST.search(s, sl) and _SECRET.search(s, sl):
             return s[v.start():].strip()
     return None
 
@@ -859,8 +922,12 @@ def _texty(data: bytes) -> str | None:
 
 
 def _decoded_candidates(raw: str) -> list[str]:
+    """Text hidden in base64 or hex blobs (at most 8 of each, looked for in long tokens only)."""
     out: list[str] = []
-    for m in list(_B64.finditer(raw))[:8]:
+    long_tokens = " ".join(tok for tok in raw.split() if len(tok) >= 20)
+    if not long_tokens:
+        return out
+    for m in list(_B64.finditer(long_tokens))[:8]:
         blob = m.group(0)
         try:
             data = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=True)
@@ -868,7 +935,7 @@ def _decoded_candidates(raw: str) -> list[str]:
             continue
         if s := _texty(data):
             out.append(s)
-    for m in list(_HEX.finditer(raw))[:8]:
+    for m in list(_HEX.finditer(long_tokens))[:8]:
         if s := _texty(bytes.fromhex(m.group(0))):
             out.append(s)
     return out

@@ -108,6 +108,7 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
         "tuning_source": load_tuning(settings.weights_file).source,
         "tuning": load_tuning(settings.weights_file).to_dict(),
         "haystack_events": log.haystack_events, "wall_s": log.wall_s,
+        "questions_moved_after_their_haystack": bench.shifted_questions,
         "summary": metrics.summarise(df), "pipeline": metrics.pipeline_metrics(bench, log, data, df),
     }
     report.write(out, name, result)
