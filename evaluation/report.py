@@ -78,7 +78,8 @@ def write(out: Path, name: str, result: dict[str, Any]) -> None:
              f"- questions: {p['questions']}, haystack events: {result['haystack_events']}",
              f"- wall time: {result['wall_s']}",
              f"- questions moved after their haystack (evidence dated after the question): "
-             f"{result.get('questions_moved_after_their_haystack', 0)}", f"- tuning: {result['tuning_source']}", "",
+             f"{result.get('questions_moved_after_their_haystack', 0)}",
+             f"- tuning: {result['tuning_source']}", "",
              "## Recall over the ranked candidates recorded in the audit", "",
              "| system | " + " | ".join(f"{metric}@{k}" for k in KS) + " |",
              "|---|" + "---|" * len(KS)]
