@@ -33,7 +33,8 @@ import base64
 import binascii
 import re
 import unicodedata
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = ["RULES", "InjectionVerdict", "NormalisedText", "Rule", "detect_injection",
@@ -112,6 +113,10 @@ def _best(items: object) -> frozenset[str] | None:
     return max(reqs, key=lambda r: (min(map(len, r)), -len(r))) if reqs else None
 
 
+_COMMON_WORDS = frozenset("""
+a an the you your i we it is are be to of in on for and or not do if when this that all any
+please now then just also my our with as at by from
+""".split())
 _Gate = tuple[frozenset[str], ...] | None
 
 
@@ -123,74 +128,271 @@ def _gate(p: re.Pattern[str]) -> _Gate:
         reqs = _requirements(_sre_parse.parse(p.pattern, p.flags))
     except Exception:  # noqa: BLE001 - a gate is an optimisation, never a verdict
         return None
-    reqs = sorted({r for r in reqs if min(map(len, r)) >= 2},
-                  key=lambda r: (-min(map(len, r)), len(r)))[:3]
+    # Rare, small sets first: rejecting a set costs one substring test per literal in it, and
+    # a set holding a very common word ("the", "you") almost never rejects.
+    def cost(r: frozenset[str]) -> tuple[bool, int, int]:
+        common = any(lit.strip() in _COMMON_WORDS or len(lit.strip()) < 3 for lit in r)
+        return (common, len(r), -min(map(len, r)))
+
+    reqs = sorted({r for r in reqs if min(map(len, r)) >= 2}, key=cost)[:3]
     return tuple(reqs) or None
 
 
-class _Lits:
-    """Per-call memo of which literals occur in one text view (local, never shared)."""
+_ZERO_WIDTH_OPS = (_sre_c.AT, _sre_c.ASSERT, _sre_c.ASSERT_NOT) if _sre_parse else ()
+_WORD = re.compile(r"\w+")
+_IS_WORD = re.compile(r"\w").match  # _IS_WORD(text, i): is text[i] a word character?
+@dataclass(frozen=True)
+class _Lead:
+    """Where matches can start: a whole word, the start of a word, or any literal occurrence."""
 
-    __slots__ = ("text", "seen")
+    words: frozenset[str]
+    prefixes: frozenset[str]  # a word starts with one of these
+    literals: frozenset[str]  # occurs anywhere (no word boundary before it)
+
+
+def _word_follows(nxt: list[tuple[object, object]]) -> bool:
+    """True if the op after a literal forces a non-word character (or a boundary) there."""
+    if not nxt:
+        return False
+    op, av = nxt[0]
+    if op is _sre_c.AT:
+        return av is _sre_c.AT_BOUNDARY
+    if op is _sre_c.LITERAL:
+        return not _WORD.match(chr(av))  # type: ignore[arg-type]
+    if op is _sre_c.MAX_REPEAT and av[0] >= 1 and len(av[2]) == 1:  # type: ignore[index]
+        return _is_space_class(*av[2][0])  # type: ignore[index]
+    return _is_space_class(op, av)
+
+
+def _classify(lit: str, bounded: bool, nxt: list[tuple[object, object]]) -> tuple[str, str]:
+    word = _WORD.match(lit)
+    if bounded and word and (len(word.group()) < len(lit) or _word_follows(nxt)):
+        return (word.group(), "word")
+    return (lit, "prefix" if bounded and word else "literal")
+
+
+def _lead_of(seq: list[tuple[object, object]], bounded: bool,
+             after: list[tuple[object, object]]) -> list[tuple[str, str]] | None:
+    """Literals one of which every match of seq (+ after) starts with: (literal, kind)."""
+    i = 0
+    while i < len(seq) and seq[i][0] in _ZERO_WIDTH_OPS:
+        bounded = bounded or seq[i] == (_sre_c.AT, _sre_c.AT_BOUNDARY)
+        i += 1
+    if i >= len(seq):
+        return None
+    op, av = seq[i]
+    if op is _sre_c.LITERAL:
+        j = i
+        while j < len(seq) and seq[j][0] is _sre_c.LITERAL:
+            j += 1
+        lit = "".join(chr(c) for _, c in seq[i:j])  # type: ignore[arg-type]
+        if j < len(seq) and seq[j][0] is _sre_c.BRANCH and not _WORD.match(lit):
+            tails = [_pure_literal(b) for b in seq[j][1][1]]  # type: ignore[index]
+            if all(tails):  # "<" + (start_of_turn|end_of_turn): anchor on the longer literals
+                return [(lit + t, "literal") for t in tails]  # type: ignore[operator]
+        if j < len(seq) and seq[j][0] is _sre_c.MAX_REPEAT and seq[j][1][:2] == (0, 1):
+            opt = _pure_literal(seq[j][1][2])  # type: ignore[index]
+            if opt:  # "instructions?": two whole words rather than one prefix
+                rest = seq[j + 1:] + after
+                return [_classify(lit, bounded, rest), _classify(lit + opt, bounded, rest)]
+        return [_classify(lit, bounded, seq[j:] + after)]
+    if op is _sre_c.BRANCH:
+        out: list[tuple[str, str]] = []
+        for alt in av[1]:  # type: ignore[index]
+            got = _lead_of(list(alt), bounded, seq[i + 1:] + after)
+            if got is None:
+                return None
+            out += got
+        return out
+    if op is _sre_c.SUBPATTERN:
+        return _lead_of(list(av[-1]), bounded, seq[i + 1:] + after)  # type: ignore[index]
+    return None
+
+
+def _lead(p: re.Pattern[str]) -> _Lead | None:
+    """Where matches can start: token lookups for whole words, str.find for other literals."""
+    if _sre_parse is None or p.flags & re.IGNORECASE:
+        return None
+    try:
+        got = _lead_of(list(_sre_parse.parse(p.pattern, p.flags)), False, [])
+    except Exception:  # noqa: BLE001 - an anchor is an optimisation, never a verdict
+        return None
+    if not got or any(len(lit) < 2 and kind != "word" for lit, kind in got):
+        return None
+    return _Lead(*(frozenset(lit for lit, k in got if k == kind)
+                   for kind in ("word", "prefix", "literal")))
+
+
+class _View:
+    """One text view plus lazily built lookups; made per call, never shared between calls."""
+
+    __slots__ = ("text", "_flat", "_seen", "_words", "_sorted", "_found")
 
     def __init__(self, text: str) -> None:
-        self.text = text.replace("\n", " ")
-        self.seen: dict[str, bool] = {}
+        self.text = text
+        self._flat: str | None = None
+        self._seen: dict[str, bool] = {}
+        self._words: frozenset[str] | None = None
+        self._sorted: list[str] | None = None
+        self._found: dict[str, list[int]] = {}
 
-    def any(self, gate: _Gate) -> bool:
+    @property
+    def flat(self) -> str:
+        if self._flat is None:
+            self._flat = self.text.replace("\n", " ")  # same length: positions carry over
+        return self._flat
+
+    def gate_ok(self, gate: _Gate) -> bool:
         """True if every literal set of the gate has a literal in the text."""
         if gate is None:
             return True
-        seen, text = self.seen, self.text
+        seen, flat = self._seen, self.flat
         for group in gate:
             for lit in group:
                 hit = seen.get(lit)
                 if hit is None:
-                    hit = seen[lit] = lit in text
+                    hit = seen[lit] = lit in flat
                 if hit:
                     break
             else:
                 return False
         return True
 
+    @property
+    def words(self) -> frozenset[str]:
+        if self._words is None:
+            self._words = frozenset(_WORD.findall(self.flat))
+        return self._words
+
+    def has_word_prefix(self, prefix: str) -> bool:
+        key = "\x00" + prefix  # memo key space apart from plain substrings
+        hit = self._seen.get(key)
+        if hit is None:
+            if self._sorted is None:
+                self._sorted = sorted(self.words)
+            i = bisect_left(self._sorted, prefix)
+            hit = self._seen[key] = i < len(self._sorted) and self._sorted[i].startswith(prefix)
+        return hit
+
+    def has(self, lit: str) -> bool:
+        hit = self._seen.get(lit)
+        if hit is None:
+            hit = self._seen[lit] = lit in self.flat
+        return hit
+
+    def may_start(self, lead: _Lead) -> bool:
+        """Cheap necessary condition (set operations in C) before any position search."""
+        if self._words is None:
+            self._words = frozenset(_WORD.findall(self.flat))
+        if not lead.words.isdisjoint(self._words):
+            return True
+        if any(self.has_word_prefix(p) for p in lead.prefixes):
+            return True
+        return any(self.has(lit) for lit in lead.literals)
+
+    def _occurrences(self, lit: str, kind: str) -> list[int]:
+        key = kind + ":" + lit
+        found = self._found.get(key)
+        if found is None:
+            found, flat, n = [], self.flat, len(lit)
+            i = flat.find(lit)
+            while i >= 0:
+                if kind == "literal" or (
+                        (i == 0 or not _IS_WORD(flat, i - 1))
+                        and (kind == "prefix" or not _IS_WORD(flat, i + n))):
+                    found.append(i)
+                i = flat.find(lit, i + 1)
+            self._found[key] = found
+        return found
+
+    def starts(self, lead: _Lead) -> list[int]:
+        """Sorted positions where a match anchored on `lead` may start."""
+        out: list[int] = []
+        words = self.words
+        for w in lead.words:
+            if w in words:
+                out += self._occurrences(w, "word")
+        for p in lead.prefixes:
+            if self.has_word_prefix(p):
+                out += self._occurrences(p, "prefix")
+        for lit in lead.literals:
+            out += self._occurrences(lit, "literal")
+        return sorted(set(out)) if out else out
+
+
+_CTX_WINDOW = 160  # how far back an imperative's leads ("please, you must now ...") may reach
+
 
 @dataclass(frozen=True)
-class _Gated:
-    """A compiled pattern with its literal gate, for the loops inside predicates."""
+class _Pat:
+    r"""A compiled regex plus the gate and anchor derived from it (pure optimisations).
 
-    pattern: re.Pattern[str]
+    `ctx`, for imperative patterns, must match just before the start (`\Z` at the start).
+    """
+
+    rx: re.Pattern[str]
     gate: _Gate
+    lead: _Lead | None
+    ctx: re.Pattern[str] | None = None
+    common_lead: bool = field(init=False)  # the anchor is a very frequent word: gate it too
 
-    @classmethod
-    def of(cls, pattern: str) -> _Gated:
-        p = _rx(pattern)
-        return cls(p, _gate(p))
+    def __post_init__(self) -> None:
+        common = self.lead is not None and not self.lead.words.isdisjoint(_COMMON_WORDS)
+        object.__setattr__(self, "common_lead", common)
 
-    def search(self, text: str, lits: _Lits | None = None) -> re.Match[str] | None:
-        if self.gate is not None and not (lits or _Lits(text)).any(self.gate):
-            return None
-        return self.pattern.search(text)
+    @property
+    def pattern(self) -> str:
+        return self.rx.pattern
 
-    def finditer(self, text: str, lits: _Lits | None = None) -> list[re.Match[str]]:
-        if self.gate is not None and not (lits or _Lits(text)).any(self.gate):
-            return []
-        return list(self.pattern.finditer(text))
+    def possible(self, view: _View) -> bool:
+        """Cheap necessary condition: the anchor and the gate literals occur."""
+        if self.lead is None:
+            return view.gate_ok(self.gate)
+        return view.may_start(self.lead) and (not self.common_lead or view.gate_ok(self.gate))
+
+    def finditer(self, view: _View) -> Iterator[re.Match[str]]:
+        text, ctx = view.text, self.ctx
+        if self.lead is None:
+            for m in self.rx.finditer(text):
+                if ctx is None or ctx.search(text, max(0, m.start() - _CTX_WINDOW), m.start()):
+                    yield m
+            return
+        end = 0
+        for pos in view.starts(self.lead):
+            if pos < end:
+                continue
+            m = self.rx.match(text, pos)
+            if m and (ctx is None or ctx.search(text, max(0, pos - _CTX_WINDOW), pos)):
+                yield m
+                end = max(m.end(), pos + 1)
+
+    def search(self, view: _View) -> re.Match[str] | None:
+        return next(self.finditer(view), None) if self.possible(view) else None
+
+
+def _pat(pattern: str, ctx: str | None = None) -> _Pat:
+    """Compile a rule pattern; `ctx` (if any) must match right before the match start."""
+    rx = _rx(pattern)
+    return _Pat(rx, _gate(rx), _lead(rx), _rx(ctx + r"\Z") if ctx is not None else None)
+
+
+def _pats(*items: str | _Pat) -> tuple[_Pat, ...]:
+    return tuple(p if isinstance(p, _Pat) else _pat(p) for p in items)
 
 
 @dataclass(frozen=True)
 class _AnyOf:
-    """Alternatives kept as separately gated patterns: one big alternation cannot be gated."""
+    """Alternatives kept as separately anchored patterns: one big alternation cannot be."""
 
-    parts: tuple[_Gated, ...]
+    parts: tuple[_Pat, ...]
 
     @classmethod
     def of(cls, *patterns: str) -> _AnyOf:
-        return cls(tuple(_Gated.of(p) for p in patterns))
+        return cls(tuple(_pat(p) for p in patterns))
 
-    def search(self, text: str, lits: _Lits | None = None) -> re.Match[str] | None:
-        lits = lits or _Lits(text)
+    def search(self, view: _View) -> re.Match[str] | None:
         for part in self.parts:
-            if m := part.search(text, lits):
+            if m := part.search(view):
                 return m
         return None
 
@@ -223,13 +425,15 @@ _CONFUSABLES = str.maketrans({
 })
 _CONFUSABLE_CHARS = frozenset(k for k in map(chr, _CONFUSABLES))
 _HAS_CONFUSABLE = re.compile("[" + "".join(sorted(_CONFUSABLE_CHARS)) + "]")
-_HAS_LEET = re.compile(r"[a-z][0-9@$]|[0-9@$][a-z]")
+_HAS_LEET = re.compile(r"[0-9@$](?:(?<=[a-z][0-9@$])|(?=[a-z]))")  # starts on a rare class
 _TOKEN = re.compile(r"\w+")
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b",
                        "@": "a", "$": "s"})
 _LEET_TOKEN = re.compile(r"(?<![\w@$])(?=[\w@$]*[a-z])(?=[\w@$]*[0-9@$])[\w@$]{3,}")
 _SPACED = re.compile(r"(?<![\w])(?:\w[ \t]){3,}\w(?![\w])")
+_SPACED_HINT = re.compile(r"[ \t]\w[ \t]\w[ \t]")  # necessary for a spaced run (on " " + text)
 _HYPHEN_CHAIN = re.compile(r"\b\w+(?:-\w+){2,}\b")
+_HYPHEN_HINT = re.compile(r"-\w+-")
 
 # Words that a zero-width character is used to smuggle past keyword filters.
 _TRIGGER_WORDS = frozenset("""
@@ -262,8 +466,8 @@ def _map_confusables(text: str) -> str:
 
 
 def _fold_ws(text: str) -> str:
-    text = re.sub(r"[^\S\n]+", " ", text)
-    return re.sub(r" ?\n[\s]*", "\n", text).strip()
+    """Runs of whitespace become one space, or one newline if they contain a line break."""
+    return "\n".join(filter(None, (" ".join(line.split()) for line in text.split("\n"))))
 
 
 def _fold_quotes(text: str) -> str:
@@ -313,12 +517,12 @@ def _views(t: str, payloads: tuple[str, ...], run: str | None,
     raw = _fold_ws(t)
     folded = _fold_quotes(raw.casefold())
     d = folded
-    if _SPACED.search(t):
+    if _SPACED_HINT.search(" " + t) and _SPACED.search(t):
         d = _SPACED.sub(lambda m: m.group(0).replace(" ", "").replace("\t", ""), t)
         d = _fold_quotes(_fold_ws(d).casefold())
     if _HAS_LEET.search(d):
         d = _LEET_TOKEN.sub(lambda m: m.group(0).translate(_LEET), d)
-    if "-" in d:
+    if _HYPHEN_HINT.search(d):
         d = _HYPHEN_CHAIN.sub(lambda m: m.group(0).replace("-", " "), d)
     return NormalisedText(raw, folded, d, payloads, run, split)
 
@@ -348,11 +552,18 @@ _ADDRESSED = (r"\b(?:authori[sz]ed|asked|wants?|needs?|told|instructed|allowed|p
               r"requires?|expects?)\s+you\s+to\s+")
 
 
-def _imp(verbs: str) -> str:
-    """Pattern text for one of `verbs` in imperative position or addressed to 'you'."""
-    return rf"(?:{_START}{_LEAD}|{_ADDRESSED})(?:{verbs})\b"
+_IMP_CTX = rf"(?:{_START}{_LEAD}|{_ADDRESSED})"
 
 
+def _imp(verbs: str, tail: str = "", ctx: str = _IMP_CTX) -> _Pat:
+    """One of `verbs` (+ tail) in imperative position or addressed to 'you'.
+
+    Anchored on the verb; the imperative context is checked just before it.
+    """
+    return _pat(rf"\b(?:{verbs})\b{tail}", ctx)
+
+
+_CLAUSE_START = r"(?:^|(?<=[.!?;(\[\"'/#*\-])\s*)"
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+|;\s+")
 
 _QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb",
@@ -406,37 +617,34 @@ class Rule:
     rule_id: str
     name: str
     rationale: str
-    patterns: tuple[re.Pattern[str], ...] = ()
-    predicate: Callable[[NormalisedText, _Lits], str | None] | None = None
+    patterns: tuple[_Pat, ...] = ()
+    predicate: Callable[[NormalisedText, _View], str | None] | None = None
     mention_ok: bool = False  # a bare quoted phrase in a discussion frame passes
     deobfuscate: bool = False  # also try the de-obfuscated view
-    gates: tuple[_Gate, ...] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "gates", tuple(_gate(p) for p in self.patterns))
-
-    def match(self, t: NormalisedText, lits: _Lits | None = None) -> str | None:
+    def match(self, t: NormalisedText, view: _View | None = None,
+              deobf: _View | None = None) -> str | None:
         """The evidence span if the rule fires on `t`, else None."""
-        lits = lits or _Lits(t.folded)
-        views = [(t.folded, lits)]
+        view = view or _View(t.folded)
+        views = [view]
         if self.deobfuscate and t.deobf != t.folded:
-            views.append((t.deobf, _Lits(t.deobf)))
-        for view, vl in views:
-            for p, gate in zip(self.patterns, self.gates, strict=True):
-                if not vl.any(gate):
+            views.append(deobf or _View(t.deobf))
+        for v in views:
+            for p in self.patterns:
+                if not p.possible(v):
                     continue
-                for m in p.finditer(view):
-                    if self.mention_ok and _is_mention(view, m.start(), m.end()):
+                for m in p.finditer(v):
+                    if self.mention_ok and _is_mention(v.text, m.start(), m.end()):
                         continue
                     return m.group(0)
         if self.predicate is not None:
-            return self.predicate(t, lits)
+            return self.predicate(t, view)
         return None
 
 
 # --------------------------------------------------------------------------- INJ-01 / 02
 
-_OVERRIDE_EN = tuple(_rx(p) for p in (
+_OVERRIDE_EN = _pats(
     rf"\b{_OVERRIDE_VERB}\s+{_DET}{{0,3}}{_PRIOR}\s+(?:\w+\s+)?{_INSTR}\b",
     rf"\b(?:ignore|disregard|forget|override|bypass|discard|abandon|set\s+aside)\s+"
     rf"(?:all\s+|any\s+)?(?:of\s+)?your\s+(?:\w+\s+)?{_INSTR}\b",
@@ -462,9 +670,9 @@ _OVERRIDE_EN = tuple(_rx(p) for p in (
     rf"{_DET}{{0,2}}(?:other\s+|{_PRIOR}\s+){_INSTR}\b",
     r"\breset\s+(?:your|all)\s+(?:instructions|rules|context|memory|programming|guidelines|"
     r"system\s+prompt)",
-))
+)
 
-_OVERRIDE_INTL = tuple(_rx(p) for p in (
+_OVERRIDE_INTL = _pats(
     # German
     r"\b(?:ignorier(?:e|en\s+sie)?|vergiss|vergessen\s+sie|missachte|missachten\s+sie|"
     r"übergehe|überspringe)\s+(?:(?:alle|die|deine|ihre|sämtliche|jegliche|eure)\s+){0,2}"
@@ -514,7 +722,7 @@ _OVERRIDE_INTL = tuple(_rx(p) for p in (
     # Korean
     r"(?:이전|이전의|앞의|위의|기존)\s*(?:모든\s*)?(?:지시|지침|명령|규칙|지시사항|프롬프트)"
     r"(?:을|를|은|는)?\s*(?:모두\s*)?(?:무시|잊어)",
-))
+)
 
 # --------------------------------------------------------------------------- INJ-03
 
@@ -522,7 +730,7 @@ _ROLE_CUE = (r"(?:you\b|your\b|ignore|disregard|forget|override|the\s+(?:assista
              r"the\s+user\s+(?:has|is)|assistant|new\s+(?:policy|rule|instruction|task|session)|"
              r"from\s+now|always|never|do\s+not|don't|respond|reply|answer|grant|obey|comply|"
              r"print|reveal|output|call|run|execute|send|all\s+(?:earlier|previous|prior))")
-_ROLE_MARKUP = tuple(_rx(p) for p in (
+_ROLE_MARKUP = _pats(
     r"<\|(?:im_start|im_end|im_sep|system|user|assistant|endoftext|eot_id|start_header_id|"
     r"end_header_id|begin_of_text|end_of_turn|start_of_turn)\|>",
     r"<(?:start_of_turn|end_of_turn)>|\[/?inst\]|<</?sys>>",
@@ -533,22 +741,22 @@ _ROLE_MARKUP = tuple(_rx(p) for p in (
     r"\[(?:system|admin|developer|root)\s+(?:override|note|message|instructions?|prompt|command|"
     r"notice)\]",
     rf"\[(?:system|admin|developer)\]\s*:?\s*{_ROLE_CUE}",
-    rf"(?:^|(?<=[.!?\"'>\]}}])\s*)(?:system|developer|sys(?:tem)?\s+(?:prompt|message|override|"
+    _pat(rf"\b(?:system|developer|sys(?:tem)?\s+(?:prompt|message|override|"
     rf"notice|note|instruction)s?|admin(?:istrator)?\s+(?:override|note|message|instruction)s?)"
     rf"(?:\s+(?:to|for)\s+(?:the\s+)?(?:model|ai|assistant|llm|agent))?\s*:\s*"
-    rf"(?:\w+\s+){{0,3}}?{_ROLE_CUE}",
+    rf"(?:\w+\s+){{0,3}}?{_ROLE_CUE}", ctx=r"(?:^|(?<=[.!?\"'>\]}])\s*)"),
     r"\b(?:begin|start|end)\s+(?:of\s+)?(?:the\s+)?(?:system|developer|hidden|secret)\s+"
     r"(?:prompt|message|instructions?)\b",
     r"\b(?:system|admin|root)\s+override\b",
-    r"^[\s\-=*#\[(<]*(?:end|close)\s+(?:of\s+)?(?:the\s+)?(?:document|context|user\s+input|input|"
-    r"prompt|data|web\s?page|page|file|text|untrusted\s+content)[\s\-=*#\])>]*$"
-    r"(?=[\s\S]{0,300}\b(?:instructions?|you|assistant|ai|model)\b)",
-))
+    _pat(r"\b(?:end|close)\s+(?:of\s+)?(?:the\s+)?(?:document|context|user\s+input|input|"
+         r"prompt|data|web\s?page|page|file|text|untrusted\s+content)[\s\-=*#\])>]*$"
+         r"(?=[\s\S]{0,300}\b(?:instructions?|you|assistant|ai|model)\b)", ctx=r"^[\s\-=*#\[(<]*"),
+)
 _HUMAN_TURN = _rx(r"^\s*human\s*:\s.{0,400}?\n\s*assistant\s*:")
 _ROLE_LABEL_START = _rx(r"\A\s*(?:human|user|assistant|system)\s*:")
 
 
-def _forged_turns(t: NormalisedText, lits: _Lits) -> str | None:
+def _forged_turns(t: NormalisedText, view: _View) -> str | None:
     """A Human:/Assistant: turn pair embedded after other content forges a conversation."""
     m = _HUMAN_TURN.search(t.folded) if "human" in t.folded else None
     if m and not _ROLE_LABEL_START.match(t.folded):
@@ -562,7 +770,7 @@ _JAILBREAK_ADJ = (r"(?:unfiltered|uncensored|amoral|unrestricted|unaligned|jailb
                   r"without\s+(?:any\s+)?(?:restrictions|limits|filters|rules|ethics|morals|"
                   r"guidelines|content\s+polic(?:y|ies))|never\s+refuses?|no\s+(?:rules|"
                   r"restrictions|limits|filters|guidelines|ethics|morals|ethical\s+guidelines))")
-_PERSONA = tuple(_rx(p) for p in (
+_PERSONA = _pats(
     r"\byou\s+are\s+(?:now|no\s+longer|henceforth)\s+(?:(?:a|an|the|my|in|called|named)\s+)?"
     r"(?:\w+\s+){0,2}?(?:dan|stan|dude|aim|ai|assistant|model|chatbot|bot|persona|character|"
     r"jailbroken|jailbreak|unrestricted|unfiltered|uncensored|unaligned|unbound|unlimited|evil|"
@@ -592,7 +800,7 @@ _PERSONA = tuple(_rx(p) for p in (
     r"filters|censorship|ethical|moral|safety)",
     r"你现在是.{0,10}(?:dan|不受|没有任何限制|无限制)|你現在是.{0,10}(?:dan|不受|沒有任何限制|無限制)|"
     r"(?:开发者|開發者|越狱|越獄)模式",
-))
+)
 
 # --------------------------------------------------------------------------- INJ-05
 
@@ -602,7 +810,7 @@ _RESPOND_VERBS = (r"(?:mention|say|tell|reveal|disclose|answer|respond|reply|ref
                   r"mark|treat|agree|admit|apologi[sz]e|claim|insist|deny)")
 _AI_NOUN = (r"(?:ai|llm|language\s+model|chatbot|bot|assistant|agent|model|gpt|chatgpt|claude|"
             r"copilot|summari[sz]er|crawler|screener)")
-_STANDING = tuple(_rx(p) for p in (
+_STANDING = _pats(
     r"\bfrom\s+now\s+on\b[,:]?\s+(?:you\b|your\b|(?:the\s+)?(?:assistant|ai|model|bot|chatbot|"
     r"agent)\b|(?:please\s+)?(?:always|never|only|respond|reply|answer|speak|talk|write|act|"
     r"behave|pretend|call|address|refer|use|say|end|start|begin|sign|include|add|ignore|treat|"
@@ -623,14 +831,16 @@ _STANDING = tuple(_rx(p) for p in (
     r"\bdear\s+(?:ai|llm|language\s+model|chatgpt|gpt|chatbot)\b",
     r"\bif\s+you\s+are\s+(?:an?\s+)?(?:ai|llm|large\s+language\s+model|language\s+model|chatbot|"
     r"automated\s+\w+|gpt|chatgpt|ai\s+\w+)\b",
-    r"(?:^|(?<=[.!?;(\[\"'/#*\-])\s*)(?:ai|llm|chatbot|copilot|chatgpt|gpt|language\s+model|"
+    _pat(r"\b(?:ai|llm|chatbot|copilot|chatgpt|gpt|language\s+model|"
     r"ai\s+(?:assistant|agent)s?)\s*[,:]\s*(?:please\s+)?(?:ignore|disregard|forget|do\s+not|don't|"
     r"never|always|run|execute|send|delete|remove|commit|push|merge|add|insert|write|reply|"
     r"respond|tell|say|state|include|make|call|use|open|visit|click|recommend|rate|mark|approve|"
     r"forward|output|print|reveal|summari[sz]e|translate|grant|transfer|book|buy)\b",
-    r"(?:^|(?<=[.!?;(\[\"'/#*\-])\s*)(?:assistant|agent)\s*,\s*(?:please\s+|immediately\s+|"
+         ctx=_CLAUSE_START),
+    _pat(r"\b(?:assistant|agent)\s*,\s*(?:please\s+|immediately\s+|"
     r"now\s+|when\s+[^,\n]{0,60},\s*)?(?:ignore|disregard|forget|do\b|don't|never|always|run|"
     r"execute|send|delete|remove|state|say|tell|include|forward|approve|reply|respond|output)\b",
+         ctx=_CLAUSE_START),
     r"\b(?:do\s+not|don't|dont|never)\s+(?:tell|inform|notify|alert|warn)\s+(?:the\s+)?"
     r"(?:user|customer|human|operator|owner|requester)s?\b",
     r"\b(?:do\s+not|don't|dont|never)\s+let\s+(?:the\s+)?(?:user|customer|human)s?\s+know\b",
@@ -653,16 +863,16 @@ _STANDING = tuple(_rx(p) for p in (
     r"answer|recommend|suggest|claim|insist|deny|refuse|redirect|send|direct|point|state)\b",
     r"\b(?:respond|reply|answer|speak|talk|write)\s+only\s+(?:with|in|as|using)\b[^.\n]{0,80}?"
     r"\b(?:from\s+now\s+on|to\s+(?:every|any|all)|always|no\s+matter)",
-    r"(?:^|(?<=[.!?;:]\s))(?:please\s+)?(?:always|never)\s+(?:\w+\s+){0,2}(?:your\s+)?"
-    r"(?:responses?|replies|answers?|summar(?:y|ies)|outputs?)\b",
+    _pat(r"\b(?:please\s+(?:always|never)|always|never)\s+(?:\w+\s+){0,2}(?:your\s+)?"
+         r"(?:responses?|replies|answers?|summar(?:y|ies)|outputs?)\b", ctx=r"(?:^|(?<=[.!?;:]\s))"),
     r"\b(?:for|in)\s+(?:all|every|any)\s+(?:future|subsequent|later|upcoming)\s+(?:sessions?|"
     r"conversations?|chats?|interactions)\s*[:,]",
     r"\bfor\s+the\s+rest\s+of\s+(?:our|this|all)\s+(?:conversations?|chats?|sessions?)\b",
-))
+)
 
 # --------------------------------------------------------------------------- INJ-06
 
-_EXTRACTION = tuple(_rx(p) for p in (
+_EXTRACTION = _pats(
     r"\b(?:reveal|print|show|output|display|repeat|recite|leak|dump|disclose|tell\s+me|give\s+me|"
     r"share|write\s+out|spell\s+out|translate|paste|copy|return|list|expose|state)\s+(?:me\s+)?"
     r"(?:all\s+)?(?:of\s+)?(?:your|the)\s+(?:(?:full|entire|complete|original|hidden|initial|"
@@ -675,14 +885,14 @@ _EXTRACTION = tuple(_rx(p) for p in (
     r"this|preceding)",
     r"\bwhat\s+(?:are|were|is)\s+your\s+(?:initial|original|system|hidden|secret|first|exact)\s+"
     r"(?:instructions|prompt|message|rules)",
-))
+)
 
 # --------------------------------------------------------------------------- INJ-07
 
-_EXFIL_VERB = _Gated.of(_imp(
-    r"send|post|upload|forward|e-?mail|mail|leak|exfiltrate|transmit|paste|share|submit|copy|"
+_EXFIL_VERB = _imp(
+    r"send|post|upload|forward|email|e-mail|mail|leak|exfiltrate|transmit|paste|share|submit|copy|"
     r"append|add|include|attach|put|write|dump|export|sync|pipe|report|deliver|push|publish|"
-    r"relay|text|dm|message|encode|embed|insert|enter|type|fill\s+in|input|save"))
+    r"relay|text|dm|message|encode|embed|insert|enter|type|fill\s+in|input|save")
 _SECRET = _AnyOf.of(
     r"(?:\b|_)api[\s_-]?keys?\b", r"\b(?:access|secret)[\s_-]?keys?\b", r"\bsecrets?\b",
     r"\bpass(?:words?|wd|phrases?|codes?)\b", r"\bcredentials?\b|\bcreds\b", r"\btokens?\b",
@@ -708,7 +918,7 @@ _DEST = _AnyOf.of(
     r"server|webhook|site|domain|channel)\b",
     r"\baddress\s+below\b", r"\b(?:in|into)\s+(?:your|the)\s+(?:response|reply|answer|output)\b",
 )
-_EXFIL_DIRECT = tuple(_Gated.of(p) for p in (
+_EXFIL_DIRECT = _pats(
     r"\b(?:reply|respond|answer)\s+with\s+(?:the|your|my|all|its)?\s*(?:\w+\s+){0,2}"
     r"(?:password|passwd|api\s+key|token|secret|credentials|private\s+key|pin|ssn|otp|"
     r"verification\s+code)s?\b",
@@ -716,21 +926,20 @@ _EXFIL_DIRECT = tuple(_Gated.of(p) for p in (
     r"\b(?:render|display|show|include|insert|load|embed|fetch|open|visit)\s+(?:this|the\s+"
     r"following|an?|the)?\s*(?:image|markdown|link|url|picture|pixel)?\s*:?\s*https?://\S*"
     r"[?&][\w-]+=\s*(?:\{|%7b|\$\{|<|\[)",
-))
+)
 
 
-def _exfiltration(t: NormalisedText, lits: _Lits) -> str | None:
+def _exfiltration(t: NormalisedText, view: _View) -> str | None:
     """Imperative send/post/share + a secret + an external destination, in one sentence."""
-    text = t.folded
     for p in _EXFIL_DIRECT:
-        if m := p.search(text, lits):
+        if m := p.search(view):
             return m.group(0)
-    if not (lits.any(_EXFIL_VERB.gate) and _DEST.search(text, lits) and _SECRET.search(text, lits)):
+    if not (_EXFIL_VERB.search(view) and _DEST.search(view) and _SECRET.search(view)):
         return None
-    for s in _SENTENCE_SPLIT.split(text):
-        sl = _Lits(s)
-        v = _EXFIL_VERB.search(s, sl)
-        if v and _DEST.search(s, sl) and _SECRET.search(s, sl):
+    for s in _SENTENCE_SPLIT.split(view.text):
+        sv = _View(s)
+        v = _EXFIL_VERB.search(sv)
+        if v and _DEST.search(sv) and _SECRET.search(sv):
             return s[v.start():].strip()
     return None
 
@@ -738,71 +947,75 @@ def _exfiltration(t: NormalisedText, lits: _Lits) -> str | None:
 # --------------------------------------------------------------------------- INJ-08
 
 _SIDE_VERBS = (r"deploy|delete|remove|wipe|erase|purge|drop|transfer|wire|pay|purchase|buy|order|"
-               r"book|approve|merge|push|publish|send|e-?mail|forward|post|grant|revoke|disable|"
+               r"book|approve|merge|push|publish|send|email|e-mail|forward|post|grant|revoke|disable|"
                r"enable|shut\s+down|restart|reboot|format|uninstall|install|cancel|unsubscribe|"
                r"refund|sell|invest|charge|sign|accept|execute|run|call|invoke|trigger|open|"
                r"visit|download|commit|overwrite|reset|rotate|close|archive|move|upload|share|"
                r"change|modify|update|create|submit|mark|fetch|ping|navigate\s+to|launch")
 # Strong: the order itself waives the human check. Weak: plain haste, which how-to advice is
 # full of ("remove infected leaves immediately"), so it only counts with an agent-sized target.
-_URGENCY_STRONG = _Gated.of(
+_URGENCY_STRONG = _pat(
     r"\b(?:without\s+(?:asking|confirmation|confirming|approval|permission|checking|review(?:ing)?|"
     r"waiting\s+for|telling|notifying|prompting|user\s+(?:approval|consent|confirmation))|"
     r"no\s+need\s+to\s+(?:confirm|ask|check)|silently|secretly|covertly|before\s+(?:the\s+user|"
     r"anyone)\s+(?:notices|sees|knows|checks)|as\s+soon\s+as\s+you\s+(?:read|see|process|"
     r"receive)|do\s+not\s+ask|don't\s+ask|skip\s+(?:the\s+)?(?:review|confirmation|approval|"
     r"checks?))\b")
-_URGENCY_WEAK = _Gated.of(r"\b(?:immediately|right\s+away|right\s+now|at\s+once|asap|"
+_URGENCY_WEAK = _pat(r"\b(?:immediately|right\s+away|right\s+now|at\s+once|asap|"
                           r"automatically|quietly)\b")
-_AGENT_TARGET = _Gated.of(
+_AGENT_TARGET = _pat(
     r"\b(?:the\s+user'?s?|production|prod|database|repo(?:sitory)?|servers?|cluster|funds|"
     r"payments?|invoices?|pull\s+requests?|pr\s*#|main\s+branch|expense|saved\s+card|credit\s+"
     r"card|shared\s+drive|all\s+(?:the\s+)?(?:files|e-?mails|messages|data|records|backups|"
     r"users|accounts)|backups?|vendor|permissions?|admin|tool)\b")
 # Side effects are only orders at the head of a sentence or clause (not after "and": that is
 # how narration and advice chain verbs: "cycle and then run immediately after").
-_SIDE_IMP = _Gated.of(rf"(?:^|(?<=[.!?;:,\n(\[\"'`>*\-])|{_ADDRESSED})\s*{_LEAD}(?:{_SIDE_VERBS})\b")
+_SIDE_IMP = _imp(_SIDE_VERBS, ctx=rf"(?:^|(?<=[.!?;:,\n(\[\"'`>*\-])|{_ADDRESSED})\s*{_LEAD}")
 _TOOL_NAME = r"`?(?!to\b|for\b|of\b|a\b|an\b|the\b)[\w./-]+`?"
-_TOOL_FORCING = tuple(_rx(p) for p in (
-    _imp(r"call|invoke|trigger") + r"\s+(?:the\s+|your\s+|a\s+)?" + _TOOL_NAME
-    + r"\s+(?:tool|plugin|action|connector|integration|skill)\b",
-    _imp(r"use|run|execute|fire|activate|launch")
-    + r"\s+(?:the\s+|your\s+)?`?[a-z0-9]+(?:[_.][a-z0-9]+)+`?\s+(?:tool|plugin|action|"
-    r"connector|integration|skill)\b",
-    _imp(r"call|invoke|run|execute|trigger")
-    + r"\s+`?(?:transfer|send|delete|remove|drop|wipe|deploy|pay|purchase|buy|grant|approve|"
-    r"exec|shell|run_command|system|spawn|upload|post|email|publish|merge|push|revoke|"
-    r"update_permissions|set_role|create_user|refund)\w*\s*\(",
-    r"\bexecute\s+the\s+following\s+(?:commands?|code|script|snippet|shell\s+commands?|payload)",
-    r"(?:^|<-|←)\s*(?:run|execute)\s+(?:this|it|that)\s+(?:first|now|immediately)\b",
-    r"\b(?:next\s+time|whenever|once|when|if)\s+you\s+(?:have|get|gain)\s+(?:shell|terminal|"
-    r"root|admin|browser|tool|code\s+execution|file\s*system|internet|network)\s+access\b",
-    r"\b(?:quietly|silently|secretly|covertly|invisibly)\s+(?:visit|open|fetch|load|request|ping|"
-    r"call|curl|navigate\s+to|browse\s+to|access|hit)\b[^.\n]{0,40}?https?://",
-    _imp(r"call|invoke|trigger|run|execute|use|fire") + r"\s+(?:the\s+)?" + _TOOL_NAME
-    + r"\s+(?:tool|function|plugin|action|webhook|endpoint)\b[^.\n]{0,60}?\bnow\b",
-    r"(?:\byou\s+(?:must|need\s+to|have\s+to|are\s+to|will)|\b(?:assistant|agent|ai)\b[^.\n]{0,20})"
-    r"\s+run\s+the\s+following\b",
-))
+_TOOL_FORCING = (
+    _imp(r"call|invoke|trigger", r"\s+(?:the\s+|your\s+|a\s+)?" + _TOOL_NAME
+         + r"\s+(?:tool|plugin|action|connector|integration|skill)\b"),
+    _imp(r"use|run|execute|fire|activate|launch",
+         r"\s+(?:the\s+|your\s+)?`?[a-z0-9]+(?:[_.][a-z0-9]+)+`?\s+(?:tool|plugin|action|"
+         r"connector|integration|skill)\b"),
+    _imp(r"call|invoke|run|execute|trigger",
+         r"\s+`?(?:transfer|send|delete|remove|drop|wipe|deploy|pay|purchase|buy|grant|approve|"
+         r"exec|shell|run_command|system|spawn|upload|post|email|publish|merge|push|revoke|"
+         r"update_permissions|set_role|create_user|refund)\w*\s*\("),
+    _pat(r"\bexecute\s+the\s+following\s+(?:commands?|code|script|snippet|shell\s+commands?|"
+         r"payload)"),
+    _pat(r"\b(?:run|execute)\s+(?:this|it|that)\s+(?:first|now|immediately)\b",
+         ctx=r"(?:^|<-|←)\s*"),
+    _pat(r"\b(?:next\s+time|whenever|once|when|if)\s+you\s+(?:have|get|gain)\s+(?:shell|terminal|"
+         r"root|admin|browser|tool|code\s+execution|file\s*system|internet|network)\s+access\b"),
+    _pat(r"\b(?:quietly|silently|secretly|covertly|invisibly)\s+(?:visit|open|fetch|load|request|"
+         r"ping|call|curl|navigate\s+to|browse\s+to|access|hit)\b[^.\n]{0,40}?https?://"),
+    _imp(r"call|invoke|trigger|run|execute|use|fire", r"\s+(?:the\s+)?" + _TOOL_NAME
+         + r"\s+(?:tool|function|plugin|action|webhook|endpoint)\b[^.\n]{0,60}?\bnow\b"),
+    _pat(r"(?:\byou\s+(?:must|need\s+to|have\s+to|are\s+to|will)|\b(?:assistant|agent|ai)\b"
+         r"[^.\n]{0,20})\s+run\s+the\s+following\b"),
+)
 
 
-def _side_effect_order(t: NormalisedText, lits: _Lits) -> str | None:
+def _side_effect_order(t: NormalisedText, view: _View) -> str | None:
     """An imperative side effect (deploy, delete, pay, ...) that waives the human check."""
-    strong = _URGENCY_STRONG.search(t.folded, lits)
-    weak = _URGENCY_WEAK.search(t.folded, lits) and _AGENT_TARGET.search(t.folded, lits)
-    if not (strong or weak) or not lits.any(_SIDE_IMP.gate):
+    strong = _URGENCY_STRONG.search(view)
+    if not (strong or (_URGENCY_WEAK.search(view) and _AGENT_TARGET.search(view))):
         return None
-    for s in _SENTENCE_SPLIT.split(t.folded):
-        v = _SIDE_IMP.pattern.search(s)
-        if v and (_URGENCY_STRONG.pattern.search(s) or (
-                _URGENCY_WEAK.pattern.search(s) and _AGENT_TARGET.pattern.search(s))):
+    if not _SIDE_IMP.search(view):
+        return None
+    for s in _SENTENCE_SPLIT.split(view.text):
+        sv = _View(s)
+        v = _SIDE_IMP.search(sv)
+        if v and (_URGENCY_STRONG.search(sv) or (
+                _URGENCY_WEAK.search(sv) and _AGENT_TARGET.search(sv))):
             return s[v.start():].strip()
     return None
 
 
 # --------------------------------------------------------------------------- INJ-09
 
-_DANGEROUS = tuple(_Gated.of(p) for p in (
+_DANGEROUS = _pats(
     r"\brm\s+(?:-[a-z-]+\s+)*-[a-z]*[rf][a-z]*\s+(?:-[-\w]+\s+)*(?:/(?=[\s`'\")*]|$)|~/?(?=[\s`'\")]|$)|"
     r"\$home\b|\*|/\*|\.\.?/?(?=\s|$)|/(?:etc|usr|var|bin|boot|lib|home|root|opt|srv|sys)\b|"
     r"--no-preserve-root)",
@@ -828,7 +1041,7 @@ _DANGEROUS = tuple(_Gated.of(p) for p in (
     r"\bcat\s+[~/.\w-]*(?:\.ssh/(?![\w.-]*\.pub\b)|/etc/shadow|\.aws/credentials)",
     r"\b(?:curl|wget)\s[^\n]{0,200}(?:-d|--data(?:-binary)?|-f|--upload-file|-t)\s+@?[~/.\w-]*"
     r"(?:\.ssh|\.aws|\.env|/etc/passwd|id_rsa|credentials)",
-))
+)
 # Official installer scripts that documentation legitimately pipes into a shell.
 _TRUSTED_INSTALLERS = _rx(
     r"https://(?:sh\.rustup\.rs|get\.docker\.com|install\.python-poetry\.org|astral\.sh/uv/|"
@@ -844,11 +1057,11 @@ _NARRATIVE = _rx(
 _SENTENCE_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=\S)|\n")
 
 
-def _dangerous_command(t: NormalisedText, lits: _Lits) -> str | None:
+def _dangerous_command(t: NormalisedText, view: _View) -> str | None:
     """A destructive or remote-code command that is not narrated, described or warned about."""
-    text = t.folded
+    text = view.text
     for p in _DANGEROUS:
-        for m in p.finditer(text, lits):
+        for m in p.finditer(view):
             starts = [b.end() for b in _SENTENCE_BOUNDARY.finditer(text, 0, m.start())]
             s0 = starts[-1] if starts else 0
             e = _SENTENCE_BOUNDARY.search(text, m.end())
@@ -879,7 +1092,7 @@ _ORDER_CUE = _rx(
     r"forward|execute|run|summari[sz]e|rate|mark|claim)\b")
 
 
-def _hidden_markup(t: NormalisedText, lits: _Lits) -> str | None:
+def _hidden_markup(t: NormalisedText, view: _View) -> str | None:
     """Comments, invisible elements and attributes are read by the model, not by the human."""
     text = t.folded
     bodies: list[tuple[str, str, bool]] = []  # (evidence, body, needs an AI cue)
@@ -900,14 +1113,14 @@ def _hidden_markup(t: NormalisedText, lits: _Lits) -> str | None:
 
 # --------------------------------------------------------------------------- INJ-11
 
-_DECODE_AND_RUN = tuple(_rx(p) for p in (
+_DECODE_AND_RUN = _pats(
     r"\b(?:decode|decrypt|deobfuscate|unescape|convert|apply\s+rot-?13|rot-?13|base64[\s-]*decode"
     r"|b64decode|atob)\b[^.\n]{0,80}?\b(?:run|execute|exec|eval|follow|obey|carry\s+out|perform|"
     r"comply\s+with|act\s+on|do)\s+(?:it\b|this\b|that\b|them\b|the\s+(?:result|output|decoded"
     r"\s+\w+|instructions?|commands?|code|contents?|payload|script|text)\b|what(?:ever)?\s+it\s+"
     r"says|:)",
     r"\b(?:run|execute|eval|follow|obey)\s+(?:the\s+)?(?:decoded|decrypted|deobfuscated)\b",
-))
+)
 _B64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{20,}={0,2}(?![A-Za-z0-9+/=_-])")
 _HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){12,}(?![0-9A-Fa-f])")
 
@@ -941,15 +1154,15 @@ def _decoded_candidates(raw: str) -> list[str]:
     return out
 
 
-def _encoded_payload(t: NormalisedText, lits: _Lits) -> str | None:
+def _encoded_payload(t: NormalisedText, view: _View) -> str | None:
     """Base64/hex text that decodes to something another rule flags is a wrapped injection."""
     for decoded in _decoded_candidates(t.raw):
         inner = normalise(decoded)
-        inner_lits = _Lits(inner.folded)
+        inner_view = _View(inner.folded)
         for rule in RULES:
             if rule.rule_id in _NO_RECURSE:
                 continue
-            hit = rule.match(inner, inner_lits)
+            hit = rule.match(inner, inner_view)
             if hit:
                 return f"decoded -> {rule.rule_id}: {hit}"
     return None
@@ -958,7 +1171,7 @@ def _encoded_payload(t: NormalisedText, lits: _Lits) -> str | None:
 # --------------------------------------------------------------------------- INJ-12
 
 
-def _invisible(t: NormalisedText, lits: _Lits) -> str | None:
+def _invisible(t: NormalisedText, view: _View) -> str | None:
     """Tag-character or variation-selector payloads, zero-width runs, or keywords split apart."""
     if t.hidden_payloads:
         return "hidden payload: " + t.hidden_payloads[0]
@@ -973,7 +1186,7 @@ def _invisible(t: NormalisedText, lits: _Lits) -> str | None:
 # --------------------------------------------------------------------------- INJ-13
 
 _LT = "<"  # kept apart so this source never contains a literal call tag
-_TOOL_MARKUP = tuple(_rx(p) for p in (
+_TOOL_MARKUP = _pats(
     _LT + r"\s*/?\s*(?:tool_calls?|function_calls?|tool_use|tool_results?|tool_response|"
     r"function_results?|function_response|invoke\s+name\s*=|parameter\s+name\s*=|tool_code|"
     r"python_tag)\b",
@@ -983,7 +1196,7 @@ _TOOL_MARKUP = tuple(_rx(p) for p in (
     r"\"name\"\s*:\s*\"[\w.\-]+\"\s*,\s*\"(?:arguments|args)\"\s*:",
     r"^\s*action\s*:\s*[\w.\-]+\s*\n\s*action\s+input\s*:",
     r"```\s*(?:tool_code|tool_call|function_call|tool_use)\b",
-))
+)
 
 # --------------------------------------------------------------------------- the rule set
 
@@ -1060,9 +1273,9 @@ def detect_injection(text: str) -> InjectionVerdict:
     if not text or not text.strip():
         return _CLEAN
     t = normalise(text)
-    lits = _Lits(t.folded)
+    view, deobf = _View(t.folded), _View(t.deobf)
     for rule in RULES:
-        hit = rule.match(t, lits)
+        hit = rule.match(t, view, deobf)
         if hit is not None:
             evidence = " ".join(hit.split())[:80]
             return InjectionVerdict(True, rule.rule_id, rule.name, evidence)

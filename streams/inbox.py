@@ -22,6 +22,7 @@ from mnemoflow.schemas.codec import DecodeError
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.reader import topic_partitions
 
 INBOX_SCHEMA = "io.mnemoflow.InboxOp"
 
@@ -60,12 +61,9 @@ class InboxClient:
 
     async def start(self) -> None:
         await self._consumer.start()
-        parts = self._consumer.partitions_for_topic(self.topic)
-        while not parts:
-            await self._consumer._client.force_metadata_update()
-            parts = self._consumer.partitions_for_topic(self.topic)
-        self._parts = sorted(parts)
-        self._consumer.assign([TopicPartition(self.topic, p) for p in self._parts])
+        tps = await topic_partitions(self._consumer, self.topic)
+        self._parts = [tp.partition for tp in tps]
+        self._consumer.assign(tps)
 
     async def stop(self) -> None:
         await self._consumer.stop()

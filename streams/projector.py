@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
+from mnemoflow.streams.reader import topic_partitions
 
 
 class Sink(Protocol):
@@ -56,14 +57,7 @@ class MemoryLogProjector:
                                          enable_auto_commit=False, **self.client_kwargs)
         await self._offsets.start()
         try:
-            parts = None
-            while not parts:
-                parts = consumer.partitions_for_topic(self.topic)
-                if not parts:
-                    await consumer._client.force_metadata_update()
-                    parts = consumer.partitions_for_topic(self.topic)
-                    await asyncio.sleep(0.2)
-            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            tps = await topic_partitions(consumer, self.topic, attempts=600)
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             for tp in tps:

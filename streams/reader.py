@@ -25,6 +25,18 @@ class Record:
     error: str | None = None
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str,
+                           attempts: int = 50) -> list[TopicPartition]:
+    """The partitions of `topic`, refreshing metadata until the broker knows it."""
+    for _ in range(attempts):
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return [TopicPartition(topic, p) for p in sorted(parts)]
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.1)
+    raise LookupError(f"topic {topic} does not exist")
+
+
 class TopicReader:
     """A group-less consumer over all partitions of some topics, from the beginning."""
 
@@ -41,13 +53,7 @@ class TopicReader:
         await self._c.start()
         tps = []
         for t in self.topics:
-            parts = self._c.partitions_for_topic(t)
-            while not parts:
-                await self._c._client.force_metadata_update()
-                parts = self._c.partitions_for_topic(t)
-                if not parts:
-                    await asyncio.sleep(0.1)
-            tps += [TopicPartition(t, p) for p in sorted(parts)]
+            tps += await topic_partitions(self._c, t)
         self._c.assign(tps)
         await self._c.seek_to_beginning(*tps)
         self._tps = tps

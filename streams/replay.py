@@ -17,6 +17,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from mnemoflow.streams.admin import admin_client
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.reader import topic_partitions
 
 
 class ReplayError(RuntimeError):
@@ -52,13 +53,10 @@ async def reset_offsets(settings: Settings, bootstrap: str, group: str, topics: 
     try:
         tps = []
         for t in topics:
-            parts = c.partitions_for_topic(t)
-            if not parts:
-                await c._client.force_metadata_update()
-                parts = c.partitions_for_topic(t)
-            if not parts:
-                raise ReplayError(f"topic {t} does not exist")
-            tps += [TopicPartition(t, p) for p in sorted(parts)]
+            try:
+                tps += await topic_partitions(c, t, attempts=10)
+            except LookupError as exc:
+                raise ReplayError(str(exc)) from exc
         c.assign(tps)
         begin = await c.beginning_offsets(tps)
         end = await c.end_offsets(tps)

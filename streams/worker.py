@@ -131,17 +131,20 @@ def _wire(pipe: Pipeline) -> None:
         spec = base_of[ev.message.topic]
         return reg.decode(ev.message.value, spec.value_schema)[1]
 
+    async def records(stream: faust.StreamT, stage: str) -> Any:
+        """The stream's events with their decoded values; bad bytes go to the dead letters."""
+        async for ev in stream.events():
+            try:
+                yield ev, decode(ev)
+            except DecodeError as exc:
+                await to_dlq(ev, exc.reason, exc.detail, stage)
+
     async def send(topic: str, schema: str, key: str, value: dict[str, Any]) -> None:
         await t[topic].send(key=key.encode(), value=reg.encode(schema, value))
 
     @app.agent(inputs, concurrency=1)
     async def observer(stream: faust.StreamT) -> None:
-        async for ev in stream.events():
-            try:
-                rec = decode(ev)
-            except DecodeError as exc:
-                await to_dlq(ev, exc.reason, exc.detail, "observer")
-                continue
+        async for ev, rec in records(stream, "observer"):
             sid = rec["sessionId"]
             source = base_of[ev.message.topic].base
             state = ObserverState.from_json(observer_state.get(sid), tun.gate.window_cap,
@@ -160,12 +163,7 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.agent(t["segments"], concurrency=1)
     async def gate(stream: faust.StreamT) -> None:
-        async for ev in stream.events():
-            try:
-                seg = decode(ev)
-            except DecodeError as exc:
-                await to_dlq(ev, exc.reason, exc.detail, "gate")
-                continue
+        async for _ev, seg in records(stream, "gate"):
             sid = seg["envelope"]["sessionId"]
             state = GateState.from_json(gate_state.get(sid), tun.gate)
             state, out = decide(state, seg, tun.gate)
@@ -179,12 +177,7 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.agent(t["recall-requests"], concurrency=1)
     async def recall_agent(stream: faust.StreamT) -> None:
-        async for ev in stream.events():
-            try:
-                req = decode(ev)
-            except DecodeError as exc:
-                await to_dlq(ev, exc.reason, exc.detail, "recall")
-                continue
+        async for _ev, req in records(stream, "recall"):
             sid = req["sessionId"]
             state = BrokerState.from_json(broker_state.get(sid))
             again = state.replayed(req["requestId"])
