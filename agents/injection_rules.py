@@ -25,6 +25,13 @@ Text is normalised first (NFKC, invisible characters removed but recorded, mixed
 homoglyphs mapped to Latin, whitespace folded, casefolded); a second de-obfuscated view (leet
 digits, s p a c e d letters, hyphen-chains) is tried by the phrase rules. Everything here is
 pure and deterministic; all patterns are compiled at import, and module state is immutable.
+
+Speed: about a hundred regexes cannot each scan every memory. At import, each pattern's parse
+tree yields an anchor (the words or literals every match starts with) and a gate (literals every
+match contains). Per text, one tokenisation gives the set of anchors present; a pattern runs
+only if its anchor occurs, and then only `match()`es at those positions. This is exactly
+equivalent to `finditer` (checked against plain scans on 50k real chat turns), and keeps a 1 KB
+text at roughly 0.1-0.6 ms of CPU.
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ import base64
 import binascii
 import re
 import unicodedata
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -44,7 +50,7 @@ try:  # the regex parser is private; without it rules run ungated (slower, same 
     from re import _constants as _sre_c
     from re import _parser as _sre_parse
 except ImportError:  # pragma: no cover
-    _sre_parse = None
+    _sre_c = _sre_parse = None  # type: ignore[assignment]
 
 _F = re.MULTILINE  # rules read casefolded text, so no IGNORECASE (3x slower on Unicode)
 
@@ -54,7 +60,8 @@ def _rx(pattern: str) -> re.Pattern[str]:
 
 
 def _is_space_class(op: object, av: object) -> bool:
-    return op is _sre_c.IN and list(av) == [(_sre_c.CATEGORY, _sre_c.CATEGORY_SPACE)]  # type: ignore
+    space = [(_sre_c.CATEGORY, _sre_c.CATEGORY_SPACE)]
+    return op is _sre_c.IN and list(av) == space  # type: ignore[call-overload]
 
 
 def _pure_literal(seq: object) -> str | None:
@@ -66,58 +73,108 @@ def _pure_literal(seq: object) -> str | None:
     return "".join(chars)
 
 
-def _requirements(items: object) -> list[frozenset[str]]:
+_BOUND = "\x03"  # marks a literal end that the pattern puts at a word boundary
+_AT_START = ("AT_BEGINNING", "AT_BEGINNING_LINE", "AT_BEGINNING_STRING", "AT_BOUNDARY")
+
+
+def _requirements(items: object, left: bool = False, right: bool = False) -> list[frozenset[str]]:
     r"""Sets of literals; every match of the parsed sequence contains one literal of each set.
 
     Literals are spelled with newline as space: gates are tested on a newline-flattened copy
     of a whitespace-folded view (no runs of whitespace), where `\s+` is exactly one space.
+    A leading/trailing _BOUND says that end of the literal sits at a word boundary.
     """
+    seq = list(items)  # type: ignore[call-overload]
     found: list[frozenset[str]] = []
     run: list[str] = []
+    bound = left  # is the position before the next literal a word boundary?
 
-    def flush() -> None:
+    def flush(end_bound: bool) -> None:
         if run:
-            found.append(frozenset({"".join(run)}))
+            found.append(frozenset({"".join(run) + (_BOUND if end_bound else "")}))
             run.clear()
 
-    for op, av in items:  # type: ignore[attr-defined]
+    for k, (op, av) in enumerate(seq):
+        nxt = seq[k + 1:k + 2]
+        after = _word_follows(nxt) if nxt else right
         if op is _sre_c.LITERAL:
+            if not run and bound:
+                run.append(_BOUND)
             run.append(" " if av == 10 else chr(av))
+            bound = False
             continue
         if op is _sre_c.MAX_REPEAT and av[0] >= 1 and len(av[2]) == 1 \
                 and _is_space_class(*av[2][0]):
             run.append(" ")  # the views are whitespace-folded: `\s+` is exactly one char
+            bound = False
+            continue
+        if op is _sre_c.AT:
+            flush(str(av) in ("AT_BOUNDARY", "AT_END", "AT_END_LINE", "AT_END_STRING"))
+            bound = str(av) in _AT_START
             continue
         if op is _sre_c.BRANCH:
             lits = [_pure_literal(b) for b in av[1]]
             if run and all(lits):
                 found.append(frozenset("".join(run) + x for x in lits))  # type: ignore[operator]
                 run.clear()
-                continue
-            flush()
-            parts = [_best(b) for b in av[1]]
-            if all(parts):
-                found.append(frozenset().union(*parts))  # type: ignore[arg-type]
+            else:
+                flush(False)
+                parts = [_best(b, bound, after) for b in av[1]]
+                if all(parts):
+                    found.append(frozenset().union(*parts))  # type: ignore[arg-type]
+            bound = False
             continue
-        flush()
+        flush(_word_follows([(op, av)]))
         if op is _sre_c.SUBPATTERN:
-            found.extend(_requirements(av[-1]))
+            found.extend(_requirements(av[-1], bound, after))
         elif op in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT, _sre_c.POSSESSIVE_REPEAT) and av[0] >= 1:
-            found.extend(_requirements(av[2]))
-    flush()
+            # with several iterations, the first has our left context, the last our right one
+            found.extend(_requirements(av[2], bound, after and av[1] == 1))
+        bound = False
+    flush(right)
     return found
 
 
-def _best(items: object) -> frozenset[str] | None:
-    reqs = _requirements(items)
+def _best(items: object, left: bool = False, right: bool = False) -> frozenset[str] | None:
+    reqs = _requirements(items, left, right)
     return max(reqs, key=lambda r: (min(map(len, r)), -len(r))) if reqs else None
+
+
+def _probe(lit: str) -> str:
+    """The cheapest sound test for one gate literal: a whole word, a word prefix, or a substring.
+
+    Probes are tagged strings: "w:" space-separated words that must all be in the view's word
+    set, "p:" some word starts with it, "s:" plain substring of the flattened view.
+    """
+    lb, rb = lit.startswith(_BOUND), lit.endswith(_BOUND)
+    core = lit.strip(_BOUND)
+    whole: list[str] = []
+    prefix = ""
+    for m in _WORD.finditer(core):
+        left_ok = m.start() > 0 or lb
+        right_ok = m.end() < len(core) or rb
+        if left_ok and right_ok:
+            whole.append(m.group())
+        elif left_ok and len(m.group()) > len(prefix):
+            prefix = m.group()
+    if whole and max(map(len, whole)) >= 2:
+        return "w:" + " ".join(sorted(set(whole)))
+    if len(prefix) >= 3:
+        return "p:" + prefix
+    return "s:" + core
+
+
+def _useful(probe: str) -> bool:
+    """Whitespace or a single common character is no filter at all."""
+    arg = probe[2:].strip()
+    return len(arg) >= 2 or (len(arg) == 1 and arg in "@#<[|`{")
 
 
 _COMMON_WORDS = frozenset("""
 a an the you your i we it is are be to of in on for and or not do if when this that all any
 please now then just also my our with as at by from
 """.split())
-_Gate = tuple[frozenset[str], ...] | None
+_Gate = tuple[frozenset[str], ...] | None  # sets of probes; each set needs one hit
 
 
 def _gate(p: re.Pattern[str]) -> _Gate:
@@ -126,21 +183,29 @@ def _gate(p: re.Pattern[str]) -> _Gate:
         return None
     try:
         reqs = _requirements(_sre_parse.parse(p.pattern, p.flags))
-    except Exception:  # noqa: BLE001 - a gate is an optimisation, never a verdict
+    except Exception:  # a gate is an optimisation, never a verdict
         return None
     # Rare, small sets first: rejecting a set costs one substring test per literal in it, and
     # a set holding a very common word ("the", "you") almost never rejects.
-    def cost(r: frozenset[str]) -> tuple[bool, int, int]:
-        common = any(lit.strip() in _COMMON_WORDS or len(lit.strip()) < 3 for lit in r)
-        return (common, len(r), -min(map(len, r)))
+    probes = {frozenset(_probe(lit) for lit in r) for r in reqs}
 
-    reqs = sorted({r for r in reqs if min(map(len, r)) >= 2}, key=cost)[:3]
-    return tuple(reqs) or None
+    def cost(r: frozenset[str]) -> tuple[bool, int, int]:
+        # A set with a frequent word rarely rejects; otherwise fewer substring tests first
+        # (word probes are set lookups, non-ASCII probes are free on ASCII text).
+        common = any(pr[0] == "w" and all(w in _COMMON_WORDS for w in pr[2:].split()) for pr in r)
+        return (common, sum(pr[0] != "w" and pr[2:].isascii() for pr in r), len(r))
+
+    useful = {r for r in probes if all(_useful(pr) for pr in r)}
+    return tuple(sorted(useful, key=cost)[:3]) or None
 
 
 _ZERO_WIDTH_OPS = (_sre_c.AT, _sre_c.ASSERT, _sre_c.ASSERT_NOT) if _sre_parse else ()
 _WORD = re.compile(r"\w+")
 _IS_WORD = re.compile(r"\w").match  # _IS_WORD(text, i): is text[i] a word character?
+_ASCII_NON_WORD = str.maketrans({c: " " for c in map(chr, range(128)) if not _WORD.match(c)})
+_PREFIX_TAG, _LITERAL_TAG = "\x01", "\x02"  # never inside a \w+ word
+
+
 @dataclass(frozen=True)
 class _Lead:
     """Where matches can start: a whole word, the start of a word, or any literal occurrence."""
@@ -148,20 +213,47 @@ class _Lead:
     words: frozenset[str]
     prefixes: frozenset[str]  # a word starts with one of these
     literals: frozenset[str]  # occurs anywhere (no word boundary before it)
+    keys: frozenset[str] = field(init=False)  # all three, tagged, for one set test per view
+
+    def __post_init__(self) -> None:
+        keys = self.words | {_PREFIX_TAG + p for p in self.prefixes}
+        object.__setattr__(self, "keys", keys | {_LITERAL_TAG + lit for lit in self.literals})
+
+
+def _non_word_class(av: object) -> bool:
+    """A character class of non-word literals and whitespace only."""
+    return all((o is _sre_c.LITERAL and not _WORD.match(chr(a)))  # type: ignore[arg-type]
+               or (o is _sre_c.CATEGORY and a is _sre_c.CATEGORY_SPACE)
+               for o, a in av)  # type: ignore[attr-defined]
 
 
 def _word_follows(nxt: list[tuple[object, object]]) -> bool:
-    """True if the op after a literal forces a non-word character (or a boundary) there."""
-    if not nxt:
+    """True if what follows a literal forces a non-word character (or a boundary) there."""
+    k = 0
+    while k < len(nxt):  # an optional run of spaces: look at what comes after it as well
+        op, av = nxt[k]
+        if op is _sre_c.MAX_REPEAT and av[0] == 0 and len(av[2]) == 1 \
+                and _is_space_class(*av[2][0]):  # type: ignore[index]
+            k += 1
+            continue
+        break
+    if k >= len(nxt):
         return False
-    op, av = nxt[0]
+    op, av = nxt[k]
     if op is _sre_c.AT:
         return av is _sre_c.AT_BOUNDARY
     if op is _sre_c.LITERAL:
         return not _WORD.match(chr(av))  # type: ignore[arg-type]
+    if op is _sre_c.IN:
+        return _non_word_class(av)
     if op is _sre_c.MAX_REPEAT and av[0] >= 1 and len(av[2]) == 1:  # type: ignore[index]
-        return _is_space_class(*av[2][0])  # type: ignore[index]
-    return _is_space_class(op, av)
+        inner_op, inner_av = av[2][0]  # type: ignore[index]
+        return inner_op is _sre_c.IN and _non_word_class(inner_av)
+    if op is _sre_c.BRANCH:
+        return all(_word_follows(list(alt) + nxt[k + 1:]) for alt in av[1])  # type: ignore
+    if op is _sre_c.SUBPATTERN:
+        return _word_follows(list(av[-1]) + nxt[k + 1:])  # type: ignore[index]
+    return False
 
 
 def _classify(lit: str, bounded: bool, nxt: list[tuple[object, object]]) -> tuple[str, str]:
@@ -186,16 +278,40 @@ def _lead_of(seq: list[tuple[object, object]], bounded: bool,
         while j < len(seq) and seq[j][0] is _sre_c.LITERAL:
             j += 1
         lit = "".join(chr(c) for _, c in seq[i:j])  # type: ignore[arg-type]
-        if j < len(seq) and seq[j][0] is _sre_c.BRANCH and not _WORD.match(lit):
-            tails = [_pure_literal(b) for b in seq[j][1][1]]  # type: ignore[index]
-            if all(tails):  # "<" + (start_of_turn|end_of_turn): anchor on the longer literals
-                return [(lit + t, "literal") for t in tails]  # type: ignore[operator]
-        if j < len(seq) and seq[j][0] is _sre_c.MAX_REPEAT and seq[j][1][:2] == (0, 1):
-            opt = _pure_literal(seq[j][1][2])  # type: ignore[index]
-            if opt:  # "instructions?": two whole words rather than one prefix
-                rest = seq[j + 1:] + after
-                return [_classify(lit, bounded, rest), _classify(lit + opt, bounded, rest)]
-        return [_classify(lit, bounded, seq[j:] + after)]
+        # Expand small word families ("instructions?", "memor(?:y|ies)", "summari[sz]e") so
+        # the anchor is a whole word (a set lookup) rather than a prefix (a substring search).
+        lits = [lit]
+        cont, j = seq[j:] + after, 0  # the family may continue past the end of a branch
+        while bounded and _WORD.fullmatch(lit) and j < len(cont) and len(lits) <= 16:
+            nop, nav = cont[j]
+            if nop is _sre_c.LITERAL:
+                tails = [chr(nav)]  # type: ignore[arg-type]
+            elif nop is _sre_c.BRANCH:
+                tails = [_pure_literal(b) for b in nav[1]]  # type: ignore[index,misc]
+            elif nop is _sre_c.IN and all(o is _sre_c.LITERAL for o, _ in nav):  # type: ignore
+                tails = [chr(c) for _, c in nav]  # type: ignore[misc]
+            elif nop is _sre_c.MAX_REPEAT and nav[:2] == (0, 1):  # type: ignore[index]
+                tails = ["", _pure_literal(nav[2])]  # type: ignore[index,list-item]
+            else:
+                break
+            if not all(x is not None for x in tails):
+                break
+            lits = [x + y for x in lits for y in tails]  # type: ignore[operator]
+            j += 1
+        if bounded and j < len(cont) and cont[j][0] is _sre_c.BRANCH \
+                and all(_WORD.fullmatch(x) for x in lits):
+            # the parser factors shared prefixes out ("dan|do" -> "d" + (an|o)): recurse
+            combined: list[tuple[str, str]] = []
+            for alt in cont[j][1][1]:  # type: ignore[index]
+                sub = _lead_of(list(alt), True, cont[j + 1:])
+                if sub is None:
+                    combined = []
+                    break
+                combined += [(x + lit2, kind if kind != "literal" else "prefix")
+                             for x in lits for lit2, kind in sub]
+            if combined:
+                return combined
+        return [_classify(x, bounded, cont[j:]) for x in lits]
     if op is _sre_c.BRANCH:
         out: list[tuple[str, str]] = []
         for alt in av[1]:  # type: ignore[index]
@@ -215,7 +331,7 @@ def _lead(p: re.Pattern[str]) -> _Lead | None:
         return None
     try:
         got = _lead_of(list(_sre_parse.parse(p.pattern, p.flags)), False, [])
-    except Exception:  # noqa: BLE001 - an anchor is an optimisation, never a verdict
+    except Exception:  # an anchor is an optimisation, never a verdict
         return None
     if not got or any(len(lit) < 2 and kind != "word" for lit, kind in got):
         return None
@@ -226,14 +342,15 @@ def _lead(p: re.Pattern[str]) -> _Lead | None:
 class _View:
     """One text view plus lazily built lookups; made per call, never shared between calls."""
 
-    __slots__ = ("text", "_flat", "_seen", "_words", "_sorted", "_found")
+    __slots__ = ("text", "_flat", "_seen", "_words", "_found", "_ascii", "_present")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self._flat: str | None = None
         self._seen: dict[str, bool] = {}
         self._words: frozenset[str] | None = None
-        self._sorted: list[str] | None = None
+        self._ascii = text.isascii()
+        self._present: frozenset[str] | None = None
         self._found: dict[str, list[int]] = {}
 
     @property
@@ -243,15 +360,21 @@ class _View:
         return self._flat
 
     def gate_ok(self, gate: _Gate) -> bool:
-        """True if every literal set of the gate has a literal in the text."""
+        """True if every probe set of the gate has a hit in the text."""
         if gate is None:
             return True
-        seen, flat = self._seen, self.flat
+        seen = self._seen
         for group in gate:
-            for lit in group:
-                hit = seen.get(lit)
+            for probe in group:
+                hit = seen.get(probe)
                 if hit is None:
-                    hit = seen[lit] = lit in flat
+                    kind, arg = probe[0], probe[2:]
+                    if kind == "w":
+                        hit = arg in self.words if " " not in arg else \
+                            self.words.issuperset(arg.split(" "))
+                    else:  # a word prefix or a plain substring: both need the substring
+                        hit = self.has(arg)
+                    seen[probe] = hit
                 if hit:
                     break
             else:
@@ -260,35 +383,32 @@ class _View:
 
     @property
     def words(self) -> frozenset[str]:
+        """The \\w+ tokens of the view (ASCII text: a translate/split that is 3x faster)."""
         if self._words is None:
-            self._words = frozenset(_WORD.findall(self.flat))
+            flat = self.flat
+            self._words = frozenset(flat.translate(_ASCII_NON_WORD).split() if self._ascii
+                                    else _WORD.findall(flat))
         return self._words
-
-    def has_word_prefix(self, prefix: str) -> bool:
-        key = "\x00" + prefix  # memo key space apart from plain substrings
-        hit = self._seen.get(key)
-        if hit is None:
-            if self._sorted is None:
-                self._sorted = sorted(self.words)
-            i = bisect_left(self._sorted, prefix)
-            hit = self._seen[key] = i < len(self._sorted) and self._sorted[i].startswith(prefix)
-        return hit
 
     def has(self, lit: str) -> bool:
         hit = self._seen.get(lit)
         if hit is None:
-            hit = self._seen[lit] = lit in self.flat
+            hit = self._seen[lit] = (not self._ascii or lit.isascii()) and lit in self.flat
         return hit
 
-    def may_start(self, lead: _Lead) -> bool:
-        """Cheap necessary condition (set operations in C) before any position search."""
-        if self._words is None:
-            self._words = frozenset(_WORD.findall(self.flat))
-        if not lead.words.isdisjoint(self._words):
-            return True
-        if any(self.has_word_prefix(p) for p in lead.prefixes):
-            return True
-        return any(self.has(lit) for lit in lead.literals)
+    @property
+    def present(self) -> frozenset[str]:
+        """The anchor keys (of every pattern in the module) that occur in this view."""
+        if self._present is None:
+            found = set(self.words & _ANCHORS.words)
+            flat = self.flat
+            for key, members in (_SUB_GROUPS_ASCII if self._ascii else _SUB_GROUPS):
+                if key in flat:
+                    for tag, lit in members:
+                        if lit in flat:
+                            found.add(tag)
+            self._present = frozenset(found)
+        return self._present
 
     def _occurrences(self, lit: str, kind: str) -> list[int]:
         key = kind + ":" + lit
@@ -313,7 +433,7 @@ class _View:
             if w in words:
                 out += self._occurrences(w, "word")
         for p in lead.prefixes:
-            if self.has_word_prefix(p):
+            if self.has(p):
                 out += self._occurrences(p, "prefix")
         for lit in lead.literals:
             out += self._occurrences(lit, "literal")
@@ -328,15 +448,18 @@ class _Pat:
     r"""A compiled regex plus the gate and anchor derived from it (pure optimisations).
 
     `ctx`, for imperative patterns, must match just before the start (`\Z` at the start).
+    Build every _Pat at module level: View.present only knows the anchors of those.
     """
 
     rx: re.Pattern[str]
     gate: _Gate
     lead: _Lead | None
     ctx: re.Pattern[str] | None = None
+    keys: frozenset[str] | None = field(init=False)  # anchor keys, tested against View.present
     common_lead: bool = field(init=False)  # the anchor is a very frequent word: gate it too
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", self.lead.keys if self.lead is not None else None)
         common = self.lead is not None and not self.lead.words.isdisjoint(_COMMON_WORDS)
         object.__setattr__(self, "common_lead", common)
 
@@ -346,11 +469,18 @@ class _Pat:
 
     def possible(self, view: _View) -> bool:
         """Cheap necessary condition: the anchor and the gate literals occur."""
-        if self.lead is None:
+        if self.keys is None:
             return view.gate_ok(self.gate)
-        return view.may_start(self.lead) and (not self.common_lead or view.gate_ok(self.gate))
+        # Every _Pat is built at import, so _ANCHORS (and View.present) covers its keys.
+        if self.keys.isdisjoint(view.present):
+            return False
+        return not self.common_lead or view.gate_ok(self.gate)
 
     def finditer(self, view: _View) -> Iterator[re.Match[str]]:
+        return self.scan(view) if self.possible(view) else iter(())
+
+    def scan(self, view: _View) -> Iterator[re.Match[str]]:
+        """All matches, assuming `possible(view)` already held."""
         text, ctx = view.text, self.ctx
         if self.lead is None:
             for m in self.rx.finditer(text):
@@ -367,7 +497,7 @@ class _Pat:
                 end = max(m.end(), pos + 1)
 
     def search(self, view: _View) -> re.Match[str] | None:
-        return next(self.finditer(view), None) if self.possible(view) else None
+        return next(self.finditer(view), None)
 
 
 def _pat(pattern: str, ctx: str | None = None) -> _Pat:
@@ -516,15 +646,31 @@ def _views(t: str, payloads: tuple[str, ...], run: str | None,
            split: tuple[str, ...]) -> NormalisedText:
     raw = _fold_ws(t)
     folded = _fold_quotes(raw.casefold())
+    return NormalisedText(raw, folded, _deobfuscate(t, folded), payloads, run, split)
+
+
+def _deobfuscate(t: str, folded: str) -> str:
+    """Undo s p a c i n g, l33t digits and hyphen-chains, but only where that yields words the
+    phrase rules look for: elsewhere ("2nd", "state-of-the-art") the view stays as folded."""
+    vocab = _DEOBF_VOCAB
     d = folded
     if _SPACED_HINT.search(" " + t) and _SPACED.search(t):
-        d = _SPACED.sub(lambda m: m.group(0).replace(" ", "").replace("\t", ""), t)
-        d = _fold_quotes(_fold_ws(d).casefold())
+        def join(m: re.Match[str]) -> str:
+            word = m.group(0).replace(" ", "").replace("\t", "")
+            return word if word.casefold() in vocab else m.group(0)
+        d = _fold_quotes(_fold_ws(_SPACED.sub(join, t)).casefold())
     if _HAS_LEET.search(d):
-        d = _LEET_TOKEN.sub(lambda m: m.group(0).translate(_LEET), d)
+        def unleet(m: re.Match[str]) -> str:
+            word = m.group(0).translate(_LEET)
+            return word if word in vocab else m.group(0)
+        d = _LEET_TOKEN.sub(unleet, d)
     if _HYPHEN_HINT.search(d):
-        d = _HYPHEN_CHAIN.sub(lambda m: m.group(0).replace("-", " "), d)
-    return NormalisedText(raw, folded, d, payloads, run, split)
+        def unhyphen(m: re.Match[str]) -> str:
+            parts = m.group(0).split("-")
+            rare = {w for w in parts if w in vocab and w not in _COMMON_WORDS}
+            return " ".join(parts) if len(rare) >= 2 else m.group(0)
+        d = _HYPHEN_CHAIN.sub(unhyphen, d)
+    return d
 
 
 # --------------------------------------------------------------------------- shared fragments
@@ -630,10 +776,15 @@ class Rule:
         if self.deobfuscate and t.deobf != t.folded:
             views.append(deobf or _View(t.deobf))
         for v in views:
+            present = v.present
             for p in self.patterns:
-                if not p.possible(v):
+                keys = p.keys
+                if keys is not None:
+                    if keys.isdisjoint(present) or (p.common_lead and not v.gate_ok(p.gate)):
+                        continue
+                elif not v.gate_ok(p.gate):
                     continue
-                for m in p.finditer(v):
+                for m in p.scan(v):
                     if self.mention_ok and _is_mention(v.text, m.start(), m.end()):
                         continue
                     return m.group(0)
@@ -744,6 +895,7 @@ _ROLE_MARKUP = _pats(
     _pat(rf"\b(?:system|developer|sys(?:tem)?\s+(?:prompt|message|override|"
     rf"notice|note|instruction)s?|admin(?:istrator)?\s+(?:override|note|message|instruction)s?)"
     rf"(?:\s+(?:to|for)\s+(?:the\s+)?(?:model|ai|assistant|llm|agent))?\s*:\s*"
+    r"(?![^\n]*\?[\s\"')]*(?:\n|$))"  # a question ("system: have you ...?") is not an order
     rf"(?:\w+\s+){{0,3}}?{_ROLE_CUE}", ctx=r"(?:^|(?<=[.!?\"'>\]}])\s*)"),
     r"\b(?:begin|start|end)\s+(?:of\s+)?(?:the\s+)?(?:system|developer|hidden|secret)\s+"
     r"(?:prompt|message|instructions?)\b",
@@ -817,7 +969,7 @@ _STANDING = _pats(
     r"remember|stop|do\s+not|don't)\b)",
     rf"\byou\s+(?:will|must|shall|are\s+to|are\s+required\s+to|have\s+to)\s+(?:always|never|"
     rf"only|henceforth|from\s+now\s+on)\s+(?:\w+\s+)?{_RESPOND_VERBS}\b",
-    r"\b(?:the\s+)?(?:assistant|ai|model|chatbot|bot|agent|llm|gpt|chatgpt|claude|copilot)s?\s+"
+    r"\b(?:assistant|ai|model|chatbot|bot|agent|llm|gpt|chatgpt|claude|copilot)s?\s+"
     r"(?:must|shall|should|will|has\s+to|is\s+required\s+to|needs\s+to|is\s+to)\s+(?:always|"
     r"never|only|henceforth|from\s+now\s+on)\b",
     r"\b(?:ai|llm|language\s+model|gpt|chatbot)s?\s+(?:agents?|assistants?|models?|systems?|"
@@ -864,7 +1016,8 @@ _STANDING = _pats(
     r"\b(?:respond|reply|answer|speak|talk|write)\s+only\s+(?:with|in|as|using)\b[^.\n]{0,80}?"
     r"\b(?:from\s+now\s+on|to\s+(?:every|any|all)|always|no\s+matter)",
     _pat(r"\b(?:please\s+(?:always|never)|always|never)\s+(?:\w+\s+){0,2}(?:your\s+)?"
-         r"(?:responses?|replies|answers?|summar(?:y|ies)|outputs?)\b", ctx=r"(?:^|(?<=[.!?;:]\s))"),
+         r"(?:responses?|replies|answers?|summar(?:y|ies)|outputs?)\b",
+         ctx=r"(?:^|(?<=[.!?;:]\s))"),
     r"\b(?:for|in)\s+(?:all|every|any)\s+(?:future|subsequent|later|upcoming)\s+(?:sessions?|"
     r"conversations?|chats?|interactions)\s*[:,]",
     r"\bfor\s+the\s+rest\s+of\s+(?:our|this|all)\s+(?:conversations?|chats?|sessions?)\b",
@@ -947,9 +1100,10 @@ def _exfiltration(t: NormalisedText, view: _View) -> str | None:
 # --------------------------------------------------------------------------- INJ-08
 
 _SIDE_VERBS = (r"deploy|delete|remove|wipe|erase|purge|drop|transfer|wire|pay|purchase|buy|order|"
-               r"book|approve|merge|push|publish|send|email|e-mail|forward|post|grant|revoke|disable|"
-               r"enable|shut\s+down|restart|reboot|format|uninstall|install|cancel|unsubscribe|"
-               r"refund|sell|invest|charge|sign|accept|execute|run|call|invoke|trigger|open|"
+               r"book|approve|merge|push|publish|send|email|e-mail|forward|post|grant|revoke|"
+               r"disable|enable|shut\s+down|restart|reboot|format|uninstall|install|cancel|"
+               r"unsubscribe|refund|sell|invest|charge|sign|accept|execute|run|call|invoke|"
+               r"trigger|open|"
                r"visit|download|commit|overwrite|reset|rotate|close|archive|move|upload|share|"
                r"change|modify|update|create|submit|mark|fetch|ping|navigate\s+to|launch")
 # Strong: the order itself waives the human check. Weak: plain haste, which how-to advice is
@@ -1016,9 +1170,9 @@ def _side_effect_order(t: NormalisedText, view: _View) -> str | None:
 # --------------------------------------------------------------------------- INJ-09
 
 _DANGEROUS = _pats(
-    r"\brm\s+(?:-[a-z-]+\s+)*-[a-z]*[rf][a-z]*\s+(?:-[-\w]+\s+)*(?:/(?=[\s`'\")*]|$)|~/?(?=[\s`'\")]|$)|"
-    r"\$home\b|\*|/\*|\.\.?/?(?=\s|$)|/(?:etc|usr|var|bin|boot|lib|home|root|opt|srv|sys)\b|"
-    r"--no-preserve-root)",
+    r"\brm\s+(?:-[a-z-]+\s+)*-[a-z]*[rf][a-z]*\s+(?:-[-\w]+\s+)*(?:/(?=[\s`'\")*]|$)|"
+    r"~/?(?=[\s`'\")]|$)|\$home\b|\*|/\*|\.\.?/?(?=\s|$)|"
+    r"/(?:etc|usr|var|bin|boot|lib|home|root|opt|srv|sys)\b|--no-preserve-root)",
     r"\bsudo\s+rm\s+-",
     r"\b(?:curl|wget|iwr|invoke-webrequest|irm)\b[^|\n]{0,300}\|\s*(?:sudo\s+)?(?:(?:ba|z|k|da|fi)?"
     r"sh|python[0-9.]*|perl|ruby|node|iex|powershell)\b",
@@ -1026,7 +1180,8 @@ _DANGEROUS = _pats(
     r"\biex\b\s*\(?\s*\(?\s*(?:new-object|iwr|invoke-webrequest|irm|invoke-restmethod)|"
     r"downloadstring\s*\(",
     r"base64\s+(?:-d|--decode)\b[^\n]{0,80}\|\s*(?:sudo\s+)?(?:ba|z)?sh\b",
-    r"\bmkfs(?:\.\w+)?\s+/dev/(?:sd|nvme|hd|disk|xvd|vd|mmcblk)|\bdd\s+if=\S+\s+of=/dev/(?:sd|nvme|hd|disk|xvd|vd)",
+    r"\bmkfs(?:\.\w+)?\s+/dev/(?:sd|nvme|hd|disk|xvd|vd|mmcblk)|"
+    r"\bdd\s+if=\S+\s+of=/dev/(?:sd|nvme|hd|disk|xvd|vd)",
     r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:",
     r">\s*/dev/(?:sd|nvme|hd)[a-z]",
     r"\bchmod\s+(?:-r\s+)?0?777\s+/(?=\s|$)|\bchown\s+-r\s+\S+\s+/(?=\s|$)",
@@ -1077,7 +1232,21 @@ def _dangerous_command(t: NormalisedText, view: _View) -> str | None:
 
 # --------------------------------------------------------------------------- INJ-10
 
-_HTML_COMMENT = re.compile(r"<!--(.{0,2000}?)-->", re.S)
+_COMMENT_MAX = 2000  # longer comments are read only up to here
+
+
+def _html_comments(text: str) -> Iterator[tuple[str, str]]:
+    """(comment, body) pairs, found by str.find: linear even for 5,000 unclosed openers."""
+    i = text.find("<!--")
+    while i >= 0:
+        j = text.find("-->", i + 4)
+        if j < 0:
+            return
+        body = text[i + 4:min(j, i + 4 + _COMMENT_MAX)]
+        yield text[i:j + 3], body
+        i = text.find("<!--", j + 3)
+
+
 _MD_COMMENT = _rx(r"^\s*\[(?://|comment)\]:\s*(?:#|<>)\s*\((.{0,1000}?)\)\s*$")
 _HIDDEN_TAG = _rx(
     r"<(\w+)\b[^>]{0,300}?(?:display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0(?:px|pt|"
@@ -1097,7 +1266,7 @@ def _hidden_markup(t: NormalisedText, view: _View) -> str | None:
     text = t.folded
     bodies: list[tuple[str, str, bool]] = []  # (evidence, body, needs an AI cue)
     if "<!--" in text:
-        bodies += [(m.group(0), m.group(1), True) for m in _HTML_COMMENT.finditer(text)]
+        bodies += [(comment, body, True) for comment, body in _html_comments(text)]
     if "]:" in text:
         bodies += [(m.group(0), m.group(1), True) for m in _MD_COMMENT.finditer(text)]
     if "<" in text:
@@ -1252,6 +1421,48 @@ RULES: tuple[Rule, ...] = (
 _NO_RECURSE = frozenset({"INJ-11", "INJ-12"})
 
 
+def _module_patterns() -> tuple[_Pat, ...]:
+    """Every compiled pattern: the rules' own and those their predicates use."""
+    found: dict[int, _Pat] = {}
+    for value in list(globals().values()) + [r.patterns for r in RULES]:
+        items = value if isinstance(value, tuple) else (value,)
+        for item in items:
+            parts = item.parts if isinstance(item, _AnyOf) else (item,)
+            for part in parts:
+                if isinstance(part, _Pat):
+                    found[id(part)] = part
+    return tuple(found.values())
+
+
+def _anchor_universe() -> _Lead:
+    leads = [p.lead for p in _module_patterns() if p.lead is not None]
+    return _Lead(*(frozenset().union(*(getattr(lead, kind) for lead in leads))
+                   for kind in ("words", "prefixes", "literals")))
+
+
+_ANCHORS = _anchor_universe()
+# Soundness of _Pat.possible: View.present only knows the anchors gathered here.
+assert all(p.keys is None or p.keys <= _ANCHORS.keys for p in _module_patterns())
+# Words the de-obfuscating rules mention: the only targets worth de-obfuscating towards.
+_DEOBF_VOCAB = frozenset(w for r in RULES if r.deobfuscate for p in r.patterns
+                         for w in re.findall(r"[a-z]{2,}", re.sub(r"\\[a-z]", " ", p.pattern)))
+
+
+def _sub_groups(ascii_only: bool) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """Substring anchors grouped by their first two characters (one test skips a group)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    subs = [(_PREFIX_TAG + p, p) for p in _ANCHORS.prefixes]
+    subs += [(_LITERAL_TAG + lit, lit) for lit in _ANCHORS.literals]
+    for tag, lit in sorted(subs):
+        if not ascii_only or lit.isascii():
+            groups.setdefault(lit[:2], []).append((tag, lit))
+    return tuple((k, tuple(v)) for k, v in sorted(groups.items()))
+
+
+_SUB_GROUPS = _sub_groups(False)
+_SUB_GROUPS_ASCII = _sub_groups(True)
+
+
 # --------------------------------------------------------------------------- public API
 
 
@@ -1284,8 +1495,11 @@ def detect_injection(text: str) -> InjectionVerdict:
 
 def rules_markdown() -> str:
     """The rule table for documentation, generated from RULES so it cannot drift."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")  # "curl | sh" must not split a table cell
+
     rows = ["| id | name | rationale |", "|---|---|---|"]
-    rows += [f"| {r.rule_id} | {r.name} | {r.rationale} |" for r in RULES]
+    rows += [f"| {r.rule_id} | {cell(r.name)} | {cell(r.rationale)} |" for r in RULES]
     mention = ", ".join(r.rule_id for r in RULES if r.mention_ok)
     rows += ["", f"Quoted mentions in a discussion frame pass for {mention}; every other rule "
              "fires whatever the quoting."]

@@ -35,6 +35,7 @@ def worker_env(settings: Settings, bootstrap: str) -> dict[str, str]:
                MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix, MNEMOFLOW_APP_ID=settings.app_id,
                MNEMOFLOW_PARTITIONS=str(settings.partitions), MNEMOFLOW_STORE=settings.store)
     env["MNEMOFLOW_FAULT_TIERS"] = ",".join(settings.fault_tiers)
+    env["MNEMOFLOW_VECTOR"] = "1" if settings.vector else "0"
     if settings.weights_file:
         env["MNEMOFLOW_WEIGHTS"] = settings.weights_file
     return env

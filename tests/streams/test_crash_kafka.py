@@ -1,4 +1,10 @@
-"""Invariant 5: SIGKILL the worker mid-stream; after a restart the packets are the same, by id."""
+"""Invariant 5: SIGKILL the worker mid-stream; after a restart the packets are the same, by id.
+
+The workers here run with the vector layer off (invariant 9: recall still answers lexically).
+The recall barrier waits for the lexical projection only, so with vectors on, which items a
+packet holds would depend on how far embedding had got when the worker died; that timing is
+not what this test is about (see the issue note).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ async def _phase1(s, bs) -> int:
 
 async def test_sigkill_mid_stream_gives_the_same_packets(kafka_bootstrap, tmp_path) -> None:
     # the uninterrupted run
-    a = isolated_settings(tmp_path, "crash-a", store="rocksdb://")
+    a = isolated_settings(tmp_path, "crash-a", store="rocksdb://", vector=False)
     wa = await _start(a, kafka_bootstrap)
     try:
         await _phase1(a, kafka_bootstrap)
@@ -36,7 +42,7 @@ async def test_sigkill_mid_stream_gives_the_same_packets(kafka_bootstrap, tmp_pa
         wa.stop()
 
     # the same input, with a SIGKILL while the questions are being processed
-    b = isolated_settings(tmp_path, "crash-b", store="rocksdb://")
+    b = isolated_settings(tmp_path, "crash-b", store="rocksdb://", vector=False)
     wb = await _start(b, kafka_bootstrap)
     killed_after = 0
     try:
@@ -59,6 +65,8 @@ async def test_sigkill_mid_stream_gives_the_same_packets(kafka_bootstrap, tmp_pa
     assert killed_after < 2 * USERS + 2 * USERS  # the kill happened before the end
     pa, pb = packets(ra), packets(rb)
     assert pa, "no packets: nothing was compared"
+    tiers = {t for x in broker_audits(rb) for t in x["tiers"]}
+    assert "lexical" in tiers and "vector" not in tiers  # the optional layer really was off
     assert pb == pa  # no packet lost, none different
     # duplicates only as byte-identical re-emissions that the inbox fold drops by opId
     ops_b = [op for op in rb["inbox"] if op["op"] == "inject"]

@@ -121,7 +121,7 @@ async def test_stale_request_is_dropped_and_audited(topo) -> None:
 
 
 async def test_failed_recall_produces_no_packet_and_no_session_event(kafka_bootstrap, tmp_path):
-    s = isolated_settings(tmp_path, "fail").with_overrides(fault_tiers=("lexical",))
+    s = isolated_settings(tmp_path, "fail").with_overrides(fault_tiers=("lexical", "vector"))
     w = await _start(s, kafka_bootstrap)
     try:
         sent = await _two_phase(s, kafka_bootstrap, 5)
@@ -135,6 +135,6 @@ async def test_failed_recall_produces_no_packet_and_no_session_event(kafka_boots
         w.stop()
     asks = [a for a in broker_audits(recs) if a["sessionId"].startswith("ask-")]
     assert all(a["action"] == "drop" and a["reason"] == "recall-failed" for a in asks)
-    assert all(a["tiers"]["lexical"] == "error" for a in asks)
+    assert all(a["tiers"]["lexical"] == "error" and a["tiers"]["vector"] == "error" for a in asks)
     assert recs["inbox"] == []
     assert len(recs["session-events"]) == sent["session-events"]
