@@ -14,6 +14,7 @@ import time
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
@@ -56,6 +57,8 @@ class MemoryLogProjector:
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
                                          enable_auto_commit=False, **self.client_kwargs)
         await self._offsets.start()
+        self._offsets._client.add_topic(self.topic)  # so its metadata knows the partitions' leaders
+        await self._offsets._client.force_metadata_update()
         try:
             tps = await topic_partitions(consumer, self.topic, attempts=600)
             consumer.assign(tps)
@@ -109,20 +112,23 @@ class MemoryLogProjector:
         return ok
 
     async def barrier(self, timeout: float = 2.0) -> bool:
-        """Wait until every record already in the log is applied; False on timeout."""
+        """Wait until every record already in the log is applied; False on timeout or error.
+
+        Bounded as a whole (the end-offset request included): recall must never hang on it.
+        """
         try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        except TimeoutError:
+            return await asyncio.wait_for(self._barrier(timeout), timeout)
+        except (TimeoutError, KafkaError):
             return False
+
+    async def _barrier(self, timeout: float) -> bool:
+        await self._ready.wait()
         assert self._offsets is not None
         ends = await self._offsets.end_offsets(list(self.applied))
 
         def caught_up() -> bool:
             return all(self.applied.get(tp, 0) >= end for tp, end in ends.items())
 
-        try:
-            async with self._progress:
-                await asyncio.wait_for(self._progress.wait_for(caught_up), timeout)
-            return True
-        except TimeoutError:
-            return False
+        async with self._progress:
+            await self._progress.wait_for(caught_up)
+        return True

@@ -184,16 +184,21 @@ def _wire(pipe: Pipeline) -> None:
             if again is not None:  # redelivered: re-emit exactly what the first pass emitted
                 out = BrokerOutput(again[0], again[1], replayed=True)
             else:
-                version = pipe.store.version
-                caught_up = await pipe.projector.barrier(timeout=2.0)
-                result = await recall(req, pipe.tiers, tun.rank.recall_k)
-                if not caught_up:
-                    result.tiers["projection"] = "lagging"
-                ranked = rank(result.candidates, req, state.recent_digests(req["eventTime"]),
-                              version, tun.rank)
-                verdict = check(ranked.kept, req)
-                state, out = build(state, req, result, ranked, verdict, version,
-                                   pipe.store.version, tun.rank)
+                try:
+                    version = pipe.store.version
+                    caught_up = await pipe.projector.barrier(timeout=2.0)
+                    result = await recall(req, pipe.tiers, tun.rank.recall_k)
+                    if not caught_up:
+                        result.tiers["projection"] = "lagging"
+                    ranked = rank(result.candidates, req, state.recent_digests(req["eventTime"]),
+                                  version, tun.rank)
+                    verdict = check(ranked.kept, req)
+                    state, out = build(state, req, result, ranked, verdict, version,
+                                       pipe.store.version, tun.rank)
+                except Exception as exc:  # one bad request must not stop the session's stream
+                    log.exception("recall failed for %s", req["requestId"])
+                    await to_dlq(_ev, "processing-error", f"{type(exc).__name__}: {exc}", "recall")
+                    continue
             broker_state[sid] = state.to_json()
             if out.inbox_op is not None:
                 pipe.bump("packets")
