@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import RESULTS, bench_settings, broker, fmt, now_ms, pct
 
 from mnemoflow.agents.ids import stable_id
@@ -17,6 +17,7 @@ from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.reader import topic_partitions
 from mnemoflow.streams.topics import INBOX
 
 T0 = 1_700_000_000_000
@@ -35,7 +36,7 @@ def packet(sid: str, n: int) -> dict:
 
 
 async def fill(bootstrap: str, topic: str, sid: str, n: int) -> None:
-    """n ops for one session: injects, with every tenth followed by a claim of it."""
+    """n ops for one session: injects, each claimed right after but one in a hundred."""
     reg = default_registry()
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await p.start()
@@ -47,7 +48,7 @@ async def fill(bootstrap: str, topic: str, sid: str, n: int) -> None:
               "reason": None, "authorisedBy": None}
         await p.send(topic, reg.encode("io.mnemoflow.InboxOp", op), key=sid.encode())
         i += 1
-        if i % 10 == 0 and i < n:
+        if i % 100 != 0 and i < n:
             claim = {**op, "opId": f"claim-{i}", "op": "claim", "packet": None, "claimer": "b"}
             await p.send(topic, reg.encode("io.mnemoflow.InboxOp", claim), key=sid.encode())
             i += 1
@@ -59,8 +60,7 @@ async def raw_consume(bootstrap: str, topic: str, n: int) -> float:
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                          enable_auto_commit=False)
     await c.start()
-    parts = c.partitions_for_topic(topic)
-    c.assign([TopicPartition(topic, q) for q in parts])
+    c.assign(await topic_partitions(c, topic))
     t = time.perf_counter()
     got = 0
     while got < n:
