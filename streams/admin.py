@@ -97,11 +97,9 @@ async def describe_topics(settings: Settings, bootstrap: str) -> list[TopicInfo]
         await admin.close()
 
 
-async def group_stable(settings: Settings, bootstrap: str, group: str) -> bool:
-    """True when the consumer group is Stable with at least one member.
-
-    A fresh cluster has no coordinator until the offsets topic exists: that is "not yet".
-    """
+async def describe_group(settings: Settings, bootstrap: str, group: str) -> tuple[str, int]:
+    """(state, member count) of a consumer group; ("Unknown", 0) while no coordinator answers
+    (a fresh cluster has none until the offsets topic exists)."""
     from aiokafka.errors import KafkaError
 
     admin = admin_client(settings, bootstrap)
@@ -110,10 +108,15 @@ async def group_stable(settings: Settings, bootstrap: str, group: str) -> bool:
         for resp in await admin.describe_consumer_groups([group]):
             for g in getattr(resp, "groups", []):
                 # (error_code, group, state, protocol_type, protocol, members)
-                if g[2] == "Stable" and g[5]:
-                    return True
-        return False
+                return str(g[2]), len(g[5])
+        return "Unknown", 0
     except KafkaError:
-        return False
+        return "Unknown", 0
     finally:
         await admin.close()
+
+
+async def group_stable(settings: Settings, bootstrap: str, group: str) -> bool:
+    """True when the consumer group is Stable with at least one member."""
+    state, members = await describe_group(settings, bootstrap, group)
+    return state == "Stable" and members > 0

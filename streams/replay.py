@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from mnemoflow.streams.admin import admin_client
+from mnemoflow.streams.admin import admin_client, describe_group
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.reader import topic_partitions
 
@@ -31,15 +31,7 @@ class Target:
 
 
 async def group_members(settings: Settings, bootstrap: str, group: str) -> int:
-    admin = admin_client(settings, bootstrap)
-    await admin.start()
-    try:
-        for resp in await admin.describe_consumer_groups([group]):
-            for g in getattr(resp, "groups", []):
-                return len(g[5])
-        return 0
-    finally:
-        await admin.close()
+    return (await describe_group(settings, bootstrap, group))[1]
 
 
 async def reset_offsets(settings: Settings, bootstrap: str, group: str, topics: list[str],

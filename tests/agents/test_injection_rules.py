@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,14 +220,3 @@ def test_anchor_universe_covers_every_pattern() -> None:
     assert sum(len(r.patterns) for r in RULES) <= len(pats)
     assert all(p.keys is None or p.keys <= ir._ANCHORS.keys for p in pats)
 
-
-def test_a_1kb_text_takes_well_under_a_millisecond() -> None:
-    rows = _corpus()
-    text = " ".join(r["text"] for r in rows if r["label"] == "benign")[:1024]
-    best = float("inf")
-    for _ in range(15):  # best-of CPU time: robust to a loaded machine
-        t0 = time.process_time()
-        for _ in range(20):
-            detect_injection(text)
-        best = min(best, (time.process_time() - t0) / 20)
-    assert best < 1e-3, f"{best * 1e3:.3f} ms for 1 KB"

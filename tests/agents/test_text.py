@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 import unicodedata
 
 import pytest
@@ -163,7 +162,7 @@ def test_semantic_key_keeps_negation_and_stopword_only_texts_apart() -> None:
 @pytest.mark.parametrize("text", ["a." * 20_000, "-/" * 20_000, "a@" * 20_000, "1." * 20_000,
                                   "Abc " * 10_000, "a.b/c-d_e@f " * 4_000])
 def test_pathological_inputs_stay_linear(text: str) -> None:
-    """Unbounded backtracking once made 40 kB of "a.a.a." take 80 s; now it is well under 1 s."""
-    start = time.perf_counter()
-    entities(text), tokens(text), semantic_key(text)
-    assert time.perf_counter() - start < 5.0
+    """Unbounded backtracking once made 40 kB of "a.a.a." take 80 s. No timed assertion here
+    (speed lives in bench/): a regression shows as this test hitting pytest's timeout."""
+    ents, toks, key = entities(text), tokens(text), semantic_key(text)
+    assert len(ents) <= 16 and isinstance(toks, list) and len(key) == 64
