@@ -12,12 +12,13 @@ import asyncio
 import json
 import time
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import RESULTS, bench_settings, broker, fmt, now_ms, pct, peak_rss_mib, start_worker
 
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics, group_stable
 from mnemoflow.streams.host import CapabilityManifest, HostClient
+from mnemoflow.streams.reader import topic_partitions
 
 T0 = 1_700_000_000_000
 MANIFEST = CapabilityManifest(provider="bench", model="m", supportsPreStep=True)
@@ -29,11 +30,7 @@ async def _consumer(bootstrap: str, topics: list[str]) -> AIOKafkaConsumer:
     await c.start()
     tps = []
     for t in topics:
-        parts = c.partitions_for_topic(t)
-        while not parts:
-            await c._client.force_metadata_update()
-            parts = c.partitions_for_topic(t)
-        tps += [TopicPartition(t, p) for p in parts]
+        tps += await topic_partitions(c, t)
     c.assign(tps)
     await c.seek_to_end(*tps)
     for tp in tps:
@@ -72,11 +69,7 @@ async def raw_passthrough(bootstrap: str, src: str, dst: str, n: int) -> float:
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                          enable_auto_commit=False)
     await c.start()
-    parts = c.partitions_for_topic(src)
-    while not parts:
-        await c._client.force_metadata_update()
-        parts = c.partitions_for_topic(src)
-    c.assign([TopicPartition(src, q) for q in parts])
+    c.assign(await topic_partitions(c, src))
     done = 0
     t = time.perf_counter()
     while done < n:
@@ -98,11 +91,7 @@ async def count_until(bootstrap: str, topic: str, pred, timeout: float = 300.0) 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                          enable_auto_commit=False)
     await c.start()
-    parts = c.partitions_for_topic(topic)
-    while not parts:
-        await c._client.force_metadata_update()
-        parts = c.partitions_for_topic(topic)
-    c.assign([TopicPartition(topic, q) for q in parts])
+    c.assign(await topic_partitions(c, topic))
     recs: list[dict] = []
     deadline = time.monotonic() + timeout
     try:
