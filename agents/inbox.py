@@ -4,17 +4,86 @@ Deterministic and idempotent (each op is applied once, by opId), so the pending 
 rebuilt from the log after any restart, cancel or resume. The log order is the arbiter
 between claimers: a packet belongs to the first claim op that names it. The fold mutates
 in place (O(1) per op) because a rebuild folds the whole log.
+
+The fold reads only an op's `OpMeta` (kind, ids, digest, expiry). Writers also put that
+metadata in the record headers (`op_headers`), so a rebuild can fold a long log without
+decoding every Avro body: a pending packet's body is decoded only when it is handed out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+Packet = dict[str, Any]
+PacketSource = Packet | Callable[[], Packet]  # the packet, or a loader that decodes it
+
+CLAIM_PAGE = 256  # packet ids per claim op: a claim record stays small however long the queue
+
+FOLD_HEADER = "mf-fold"  # kind, opId, sessionId, packetId, exactDigest, expiry, packetIds
+_SEP = "\x1f"  # ASCII unit separator: never in our ids or hex digests
+
+
+class OpMeta(NamedTuple):
+    """What the fold needs of one inbox op (a tuple: a rebuild makes one per record)."""
+
+    op_id: str
+    kind: str  # inject | steer | claim | remove | expire
+    session_id: str
+    packet_id: str | None = None
+    digest: str | None = None
+    expiry: int = 0
+    packet_ids: tuple[str, ...] = ()
+
+
+def meta_of(op: dict[str, Any]) -> OpMeta:
+    p = op.get("packet")
+    return OpMeta(op["opId"], op["op"], op["sessionId"],
+                  p["packetId"] if p else None, p["exactDigest"] if p else None,
+                  int(p["expiry"]) if p else 0, tuple(op.get("packetIds") or ()))
+
+
+def op_headers(op: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """One record header that repeats the op's fold metadata (the Avro body stays the truth).
+
+    One header, one separator-joined string: parsing it costs a fraction of a body decode.
+    """
+    m = meta_of(op)
+    fields = (m.kind, m.op_id, m.session_id, m.packet_id or "", m.digest or "", str(m.expiry),
+              *m.packet_ids)
+    return [(FOLD_HEADER, _SEP.join(fields).encode())]
+
+
+def meta_from_headers(headers: Sequence[tuple[str, bytes]] | None) -> OpMeta | None:
+    """The op's metadata from its headers; None when they are missing (decode the body)."""
+    if not headers:
+        return None
+    for key, value in headers:
+        if key == FOLD_HEADER:
+            try:
+                kind, op_id, sid, pid, dig, expiry, *ids = value.decode().split(_SEP)
+                return OpMeta(op_id, kind, sid, pid or None, dig or None, int(expiry),
+                              tuple(ids))
+            except (ValueError, UnicodeDecodeError):
+                return None
+    return None
+
+
+@dataclass
+class _Pending:
+    meta: OpMeta
+    source: PacketSource
+
+    def packet(self) -> Packet:
+        if callable(self.source):
+            self.source = self.source()
+        return self.source
 
 
 @dataclass
 class PendingState:
-    pending_by_id: dict[str, dict[str, Any]] = field(default_factory=dict)  # FIFO (insertion)
+    pending_by_id: dict[str, _Pending] = field(default_factory=dict)  # FIFO (insertion)
     steer: set[str] = field(default_factory=set)  # packet ids that should wake the host
     claimed: dict[str, str] = field(default_factory=dict)  # packetId -> claim opId
     claimed_digests: set[str] = field(default_factory=set)
@@ -24,8 +93,8 @@ class PendingState:
     last_offset: int = -1
 
     @property
-    def pending(self) -> tuple[dict[str, Any], ...]:
-        return tuple(self.pending_by_id.values())
+    def pending(self) -> tuple[Packet, ...]:
+        return tuple(p.packet() for p in self.pending_by_id.values())
 
     def pending_ids(self) -> list[str]:
         return list(self.pending_by_id)
@@ -33,29 +102,35 @@ class PendingState:
     def winner(self, packet_id: str) -> str | None:
         return self.claimed.get(packet_id)
 
-    def _take(self, ids: set[str]) -> list[dict[str, Any]]:
+    def _take(self, ids: Sequence[str]) -> list[_Pending]:
         out = []
         for pid in ids:
             p = self.pending_by_id.pop(pid, None)
             if p is not None:
-                self.pending_digests.discard(p["exactDigest"])
+                self.pending_digests.discard(p.meta.digest or "")
                 out.append(p)
-            self.steer.discard(pid)
+            if self.steer:
+                self.steer.discard(pid)
         return out
 
     def apply(self, op: dict[str, Any], offset: int = -1,
               visible_digests: frozenset[str] = frozenset()) -> PendingState:
-        """Fold one op. `visible_digests`: packet digests already in the host's context."""
-        if op["opId"] in self.applied:
+        """Fold one decoded op. `visible_digests`: packet digests already in the host's context."""
+        return self.apply_meta(meta_of(op), op.get("packet") or {}, offset, visible_digests)
+
+    def apply_meta(self, m: OpMeta, packet: PacketSource | None, offset: int = -1,
+                   visible_digests: frozenset[str] = frozenset()) -> PendingState:
+        """Fold one op given its metadata; `packet` is only kept (or loaded) if it stays pending."""
+        op_id, kind, _sid, pid, dig, _expiry, ids = m
+        if op_id in self.applied:
             return self
-        self.applied.add(op["opId"])
-        self.last_offset = max(self.last_offset, offset)
-        kind = op["op"]
-        if kind in ("inject", "steer"):
-            p = op["packet"]
-            if p is None:
+        self.applied.add(op_id)
+        if offset > self.last_offset:
+            self.last_offset = offset
+        if kind == "inject" or kind == "steer":
+            if pid is None:
                 return self
-            pid, dig = p["packetId"], p["exactDigest"]
+            dig = dig or ""
             if pid in self.claimed or dig in self.claimed_digests:
                 self.dropped.append((pid, "already-claimed"))
             elif dig in visible_digests:
@@ -63,17 +138,16 @@ class PendingState:
             elif pid in self.pending_by_id or dig in self.pending_digests:
                 self.dropped.append((pid, "duplicate-pending"))
             else:
-                self.pending_by_id[pid] = p
+                self.pending_by_id[pid] = _Pending(m, packet if packet is not None else {})
                 self.pending_digests.add(dig)
                 if kind == "steer":
                     self.steer.add(pid)
             return self
-        ids = set(op.get("packetIds") or ())
         if kind == "claim":
             for p in self._take(ids):
-                self.claimed[p["packetId"]] = op["opId"]
-                self.claimed_digests.add(p["exactDigest"])
-        elif kind in ("remove", "expire"):
+                self.claimed[p.meta.packet_id or ""] = op_id
+                self.claimed_digests.add(p.meta.digest or "")
+        elif kind == "remove" or kind == "expire":
             self._take(ids)
             self.dropped += [(i, kind) for i in sorted(ids)]
         return self
@@ -91,8 +165,13 @@ def fold(ops: list[tuple[int, dict[str, Any]]]) -> PendingState:
     return state
 
 
-def split_expired(state: PendingState, now_ms: int) -> tuple[list[dict], list[dict]]:
+def split_expired(state: PendingState, now_ms: int) -> tuple[list[Packet], list[Packet]]:
     """(live, expired) pending packets at event time `now_ms`; expired are never delivered."""
-    live = [p for p in state.pending_by_id.values() if p["expiry"] > now_ms]
-    dead = [p for p in state.pending_by_id.values() if p["expiry"] <= now_ms]
+    live = [p.packet() for p in state.pending_by_id.values() if p.meta.expiry > now_ms]
+    dead = [p.packet() for p in state.pending_by_id.values() if p.meta.expiry <= now_ms]
     return live, dead
+
+
+def claim_pages(packet_ids: Sequence[str], page: int = CLAIM_PAGE) -> list[list[str]]:
+    """FIFO pages of packet ids, one claim op each: every op is atomic on its own."""
+    return [list(packet_ids[i:i + page]) for i in range(0, len(packet_ids), page)]

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import RESULTS, bench_settings, broker, fmt, now_ms, pct
 
 from mnemoflow.agents.ids import stable_id
+from mnemoflow.agents.inbox import op_headers
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.inbox import InboxClient
@@ -40,17 +41,20 @@ async def fill(bootstrap: str, topic: str, sid: str, n: int) -> None:
     reg = default_registry()
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await p.start()
-    i = 0
+    i = injects = 0
     while i < n:
         pk = packet(sid, i)
         op = {"opId": stable_id("op", "inject", pk["packetId"]), "op": "inject", "sessionId": sid,
               "eventTime": T0, "packet": pk, "packetIds": [pk["packetId"]], "claimer": None,
               "reason": None, "authorisedBy": None}
-        await p.send(topic, reg.encode("io.mnemoflow.InboxOp", op), key=sid.encode())
+        await p.send(topic, reg.encode("io.mnemoflow.InboxOp", op), key=sid.encode(),
+                     headers=op_headers(op))
         i += 1
-        if i % 100 != 0 and i < n:
+        injects += 1
+        if injects % 100 != 0 and i < n:
             claim = {**op, "opId": f"claim-{i}", "op": "claim", "packet": None, "claimer": "b"}
-            await p.send(topic, reg.encode("io.mnemoflow.InboxOp", claim), key=sid.encode())
+            await p.send(topic, reg.encode("io.mnemoflow.InboxOp", claim), key=sid.encode(),
+                         headers=op_headers(claim))
             i += 1
     await p.flush()
     await p.stop()
@@ -87,8 +91,8 @@ async def main(args: argparse.Namespace) -> None:
                 await inbox.start()
                 t = time.perf_counter()
                 st = await inbox.sync("bench-session")
+                pending = len(st.pending)  # the packets the host would be handed, decoded
                 times.append(time.perf_counter() - t)
-                pending = len(st.pending)
                 await inbox.stop()
             rebuild = min(times)
             inbox = InboxClient(s, bootstrap, prod)
@@ -115,7 +119,7 @@ async def _inject_one(prod: AvroProducer, topic: str, k: int) -> None:
     op = {"opId": stable_id("op", "inject", pk["packetId"]), "op": "inject",
           "sessionId": "bench-session", "eventTime": T0, "packet": pk,
           "packetIds": [pk["packetId"]], "claimer": None, "reason": None, "authorisedBy": None}
-    await prod.send(topic, "io.mnemoflow.InboxOp", "bench-session", op)
+    await prod.send(topic, "io.mnemoflow.InboxOp", "bench-session", op, op_headers(op))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 
 from mnemoflow.agents.ids import stable_id
-from mnemoflow.agents.inbox import PendingState, split_expired
+from mnemoflow.agents.inbox import (
+    PendingState,
+    claim_pages,
+    meta_from_headers,
+    meta_of,
+    op_headers,
+    split_expired,
+)
 from mnemoflow.schemas.codec import DecodeError
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
@@ -33,7 +40,7 @@ class ClaimResult:
     expired: tuple[str, ...] = ()
     lost: tuple[str, ...] = ()  # packets another claimer got first
     already_visible: tuple[str, ...] = ()
-    claim_op: str | None = None
+    claim_ops: tuple[str, ...] = ()  # one per page of packet ids (agents.inbox.CLAIM_PAGE)
 
 
 @dataclass
@@ -85,20 +92,34 @@ class InboxClient:
         target = end if until_offset is None else max(until_offset + 1, fold.position)
         if fold.position < target:
             self._consumer.seek(tp, fold.position)
+        sessions, loader = fold.sessions, self._loader
         while fold.position < target:
             batch = await self._consumer.getmany(tp, timeout_ms=500, max_records=10000)
-            for m in batch.get(tp, []):
-                fold.position = m.offset + 1
-                try:
-                    _, op = self.registry.decode(m.value, INBOX_SCHEMA)
-                except DecodeError:
-                    continue  # not ours to fix here; the op never happened for the fold
-                sid = op["sessionId"]
-                fold.sessions.setdefault(sid, PendingState()).apply(op, m.offset)
+            for m in batch.get(tp, ()):
+                meta = meta_from_headers(m.headers)
+                packet: Any
+                if meta is None:  # an op written without headers: decode its body now
+                    try:
+                        _, op = self.registry.decode(m.value, INBOX_SCHEMA)
+                    except DecodeError:
+                        continue  # not ours to fix here; the op never happened for the fold
+                    meta, packet = meta_of(op), op.get("packet") or {}
+                else:  # decoded only if it is still pending when the host asks for it
+                    packet = loader(m.value) if meta.packet_id else None
+                state = sessions.get(meta.session_id)
+                if state is None:
+                    state = sessions[meta.session_id] = PendingState()
+                state.apply_meta(meta, packet, m.offset)
+            if batch.get(tp):
+                fold.position = batch[tp][-1].offset + 1
         return fold.sessions.get(session_id, PendingState())
 
+    def _loader(self, value: bytes) -> Any:
+        return lambda: self.registry.decode(value, INBOX_SCHEMA)[1]["packet"]
+
     async def _write(self, op: dict[str, Any]) -> int:
-        md = await self.producer.send(self.topic, INBOX_SCHEMA, op["sessionId"], op)
+        md = await self.producer.send(self.topic, INBOX_SCHEMA, op["sessionId"], op,
+                                      op_headers(op))
         return int(md.offset)
 
     async def pending(self, session_id: str, now_ms: int) -> list[dict[str, Any]]:
@@ -139,12 +160,15 @@ class InboxClient:
         live = [p for p in live if p["packetId"] not in visible]
         if not live:
             return ClaimResult((), expired, (), visible)
-        claim_id = stable_id("op", "claim", self.claimer_id, uuid.uuid4().hex)
-        offset = await self._write({
-            "opId": claim_id, "op": "claim", "sessionId": session_id, "eventTime": now_ms,
-            "packet": None, "packetIds": [p["packetId"] for p in live],
-            "claimer": self.claimer_id, "reason": None, "authorisedBy": None})
+        claim_ids, offset = [], -1
+        for page in claim_pages([p["packetId"] for p in live]):
+            claim_id = stable_id("op", "claim", self.claimer_id, uuid.uuid4().hex)
+            offset = await self._write({
+                "opId": claim_id, "op": "claim", "sessionId": session_id, "eventTime": now_ms,
+                "packet": None, "packetIds": page, "claimer": self.claimer_id, "reason": None,
+                "authorisedBy": None})
+            claim_ids.append(claim_id)
         state = await self.sync(session_id, until_offset=offset)
-        won = tuple(p for p in live if state.winner(p["packetId"]) == claim_id)
-        lost = tuple(p["packetId"] for p in live if state.winner(p["packetId"]) != claim_id)
-        return ClaimResult(won, expired, lost, visible, claim_id)
+        won = tuple(p for p in live if state.winner(p["packetId"]) in claim_ids)
+        lost = tuple(p["packetId"] for p in live if state.winner(p["packetId"]) not in claim_ids)
+        return ClaimResult(won, expired, lost, visible, tuple(claim_ids))

@@ -51,14 +51,17 @@ class AvroProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def send_raw(self, topic: str, key: bytes | None, value: bytes) -> Any:
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes,
+                       headers: list[tuple[str, bytes]] | None = None) -> Any:
         """Send and wait for the broker's ack, retrying transient errors."""
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT), stop=stop_after_attempt(5),
             wait=wait_exponential(multiplier=0.1, max=2), reraise=True,
         ):
             with attempt:
-                return await self._producer.send_and_wait(topic, value, key=key)
+                return await self._producer.send_and_wait(topic, value, key=key, headers=headers)
 
-    async def send(self, topic: str, schema: str, key: str, record: dict[str, Any]) -> Any:
-        return await self.send_raw(topic, key.encode(), self.registry.encode(schema, record))
+    async def send(self, topic: str, schema: str, key: str, record: dict[str, Any],
+                   headers: list[tuple[str, bytes]] | None = None) -> Any:
+        return await self.send_raw(topic, key.encode(), self.registry.encode(schema, record),
+                                   headers)

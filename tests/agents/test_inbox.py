@@ -1,6 +1,15 @@
 from __future__ import annotations
 
-from mnemoflow.agents.inbox import PendingState, apply, fold, split_expired
+from mnemoflow.agents.inbox import (
+    PendingState,
+    apply,
+    claim_pages,
+    fold,
+    meta_from_headers,
+    meta_of,
+    op_headers,
+    split_expired,
+)
 
 
 def _packet(pid: str, digest: str | None = None, expiry: int = 10_000) -> dict:
@@ -53,3 +62,33 @@ def test_steer_is_tracked_until_claimed() -> None:
     assert st.steer == {"p1"}
     st = apply(st, _op("claim", "c", ids=["p1"]))
     assert st.steer == set()
+
+
+def test_headers_carry_the_fold_metadata_of_every_op_kind() -> None:
+    for op in (_op("inject", "i1", _packet("p1", "D", expiry=77)), _op("steer", "s1", _packet("p2")),
+               _op("claim", "c", ids=["p1", "p2"]), _op("remove", "r", ids=["p3"]),
+               _op("expire", "e", ids=[])):
+        assert meta_from_headers(op_headers(op)) == meta_of(op)
+    assert meta_from_headers(None) is None and meta_from_headers([("other", b"x")]) is None
+
+
+def test_a_rebuild_decodes_only_the_packets_still_pending() -> None:
+    loads: list[str] = []
+
+    def loader(pid: str):
+        return lambda: loads.append(pid) or _packet(pid)
+
+    st = PendingState()
+    for off, op in enumerate([_op("inject", "i1", _packet("p1")), _op("inject", "i2", _packet("p2")),
+                              _op("claim", "c", ids=["p1"])]):
+        st.apply_meta(meta_of(op), loader(op["packetIds"][0]), off)
+    assert loads == [] and st.pending_ids() == ["p2"]
+    assert [p["packetId"] for p in st.pending] == ["p2"] and loads == ["p2"]
+    assert st.pending and loads == ["p2"]  # loaded once, then kept
+
+
+def test_claims_are_paged_fifo() -> None:
+    ids = [f"p{i}" for i in range(600)]
+    pages = claim_pages(ids)
+    assert [len(p) for p in pages] == [256, 256, 88] and sum(pages, []) == ids
+    assert claim_pages([]) == []
