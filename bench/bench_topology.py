@@ -85,6 +85,39 @@ async def raw_passthrough(bootstrap: str, src: str, dst: str, n: int) -> float:
     return n / dt
 
 
+async def faust_passthrough(bootstrap: str, src: str, dst: str, n: int, app_id: str) -> float:
+    """Records/s of a bare faust agent forwarding n records already in `src` (the faust floor)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await p.start()
+    for i in range(n):
+        await p.send(src, b"y" * 300, key=f"s{i % 50}".encode())
+    await p.flush()
+    await p.stop()
+    c = await _consumer(bootstrap, [dst])
+    script = Path(__file__).resolve().parent / "faust_passthrough.py"
+    env = dict(os.environ, BS=bootstrap, SRC=src, DST=dst, APP=app_id)
+    proc = subprocess.Popen([sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        got, t = 0, None
+        deadline = time.monotonic() + 300
+        while got < n and time.monotonic() < deadline:
+            k = sum(len(v) for v in (await c.getmany(timeout_ms=1000)).values())
+            if k and t is None:  # count from the first forwarded record: startup is excluded
+                t, first = time.perf_counter(), k
+            got += k
+        return (got - first) / (time.perf_counter() - t) if t else 0.0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        await c.stop()
+
+
 async def count_until(bootstrap: str, topic: str, pred, timeout: float = 300.0) -> float:
     """Seconds until pred(decoded records) holds, reading `topic` from the start."""
     reg = default_registry()
@@ -103,6 +136,38 @@ async def count_until(bootstrap: str, topic: str, pred, timeout: float = 300.0) 
     finally:
         await c.stop()
     return time.monotonic()
+
+
+async def hop_breakdown(s, bootstrap: str, prefix: str) -> dict[str, dict[str, float]]:
+    """Per-hop latency of the question packets, from the records' own timestamps.
+
+    Each stage's output record is stamped when that stage sent it, so the differences say
+    where the event -> packet time goes: observer, gate, recall (+ rank, safety, broker).
+    """
+    from mnemoflow.streams.reader import TopicReader
+
+    names = [s.topic(b) for b in ("session-events", "segments", "recall-requests", "inbox")]
+    async with TopicReader(s, bootstrap, names) as r:
+        await r.drain()
+        by = {n: [x for x in r.records if x.topic == n and x.value] for n in names}
+    ev = {(x.value["sessionId"], x.value["eventSeq"]): x.timestamp for x in by[names[0]]
+          if x.value["sessionId"].startswith(prefix) and x.value["type"] == "user_message"}
+    seg = {x.value["segmentId"]: (x.timestamp, ev.get((x.value["envelope"]["sessionId"],
+                                                     x.value["envelope"]["eventSeq"])))
+           for x in by[names[1]]}
+    req = {x.value["requestId"]: (x.timestamp, seg.get(x.value["segmentId"]))
+           for x in by[names[2]]}
+    hops: dict[str, list[float]] = {"observer": [], "gate": [], "recall": []}
+    for x in by[names[3]]:
+        if x.value["op"] != "inject":
+            continue
+        r_ts, sg = req.get(x.value["packet"]["requestId"], (None, None))
+        if r_ts is None or sg is None or sg[1] is None:
+            continue
+        hops["observer"].append(sg[0] - sg[1])
+        hops["gate"].append(r_ts - sg[0])
+        hops["recall"].append(x.timestamp - r_ts)
+    return {k: pct(v) for k, v in hops.items() if v}
 
 
 def chat_event(sid: str, seq: int, text: str, t: int, user: str = "user-chat") -> dict:
@@ -139,6 +204,12 @@ async def main(args: argparse.Namespace) -> dict:
     out["raw_passthrough_rps"] = await raw_passthrough(bootstrap, s.topic("agent-steps"),
                                                       s.topic("audit"), args.events)
     print(f"raw consume->produce passthrough: {out['raw_passthrough_rps']:.0f} records/s")
+    out["faust_passthrough_rps"] = await faust_passthrough(
+        bootstrap, s.topic("tool-results"), s.topic("agent-steps"), args.events,
+        f"{s.app_id}-floor")
+    print(f"bare faust agent passthrough (the faust floor): {out['faust_passthrough_rps']:.0f} "
+          f"records/s = {100 * out['faust_passthrough_rps'] / out['raw_passthrough_rps']:.0f}% "
+          "of raw")
 
     # fresh topics for the worker (the baselines wrote into some of ours)
     s = bench_settings("topo")
@@ -177,6 +248,9 @@ async def main(args: argparse.Namespace) -> dict:
             r = out["event_to_packet_ms"]["p99"] / out["raw_round_trip_ms"]["p99"]
             out["latency_p99_ratio"] = r
             print(f"  p99 ratio to raw round trip: {r:.1f}x (target <= 5x)")
+            out["event_to_packet_hops_ms"] = await hop_breakdown(s, bootstrap, "ask-")
+            for hop, d in out["event_to_packet_hops_ms"].items():
+                print(f"  hop {hop:8s}: {fmt(d)}")
 
             # suppress path: a burst of small talk over 50 sessions, produced batched
             gates_before = 4 * args.questions
@@ -189,8 +263,10 @@ async def main(args: argparse.Namespace) -> dict:
                 lambda rr: sum(a["stage"] == "gate" for a in rr) >= gates_before + args.events)
             out["suppress_path_eps"] = args.events / (end - t)
             out["suppress_ratio"] = out["suppress_path_eps"] / out["raw_passthrough_rps"]
+            out["suppress_vs_faust_floor"] = out["suppress_path_eps"] / out["faust_passthrough_rps"]
             print(f"suppress path: {out['suppress_path_eps']:.0f} events/s = "
-                  f"{100 * out['suppress_ratio']:.0f}% of raw passthrough (target >= 25%)")
+                  f"{100 * out['suppress_ratio']:.1f}% of raw passthrough (target >= 25%), "
+                  f"{100 * out['suppress_vs_faust_floor']:.0f}% of the bare faust agent")
 
             t = time.monotonic()
             n = args.questions

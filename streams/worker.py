@@ -22,6 +22,7 @@ import faust
 
 from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
 from mnemoflow.agents.gate import GateState, decide
+from mnemoflow.agents.inbox import op_headers
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.recall import FaultyTier, TierSpec, recall
@@ -36,6 +37,7 @@ from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registr
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
+from mnemoflow.streams.faust_app import WorkerApp
 from mnemoflow.streams.projector import MemoryLogProjector
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
             ssl_context=settings.client_kwargs().get("ssl_context"))
     elif settings.security_protocol == "SSL":
         kw["broker_credentials"] = settings.client_kwargs()["ssl_context"]
-    app = faust.App(
+    app = WorkerApp(
         settings.app_id, broker=f"kafka://{bootstrap}", store=settings.store,
         datadir=str(datadir),
         topic_replication_factor=1, topic_partitions=settings.partitions,
@@ -139,8 +141,9 @@ def _wire(pipe: Pipeline) -> None:
             except DecodeError as exc:
                 await to_dlq(ev, exc.reason, exc.detail, stage)
 
-    async def send(topic: str, schema: str, key: str, value: dict[str, Any]) -> None:
-        await t[topic].send(key=key.encode(), value=reg.encode(schema, value))
+    async def send(topic: str, schema: str, key: str, value: dict[str, Any],
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
+        await t[topic].send(key=key.encode(), value=reg.encode(schema, value), headers=headers)
 
     @app.agent(inputs, concurrency=1)
     async def observer(stream: faust.StreamT) -> None:
@@ -202,7 +205,8 @@ def _wire(pipe: Pipeline) -> None:
             broker_state[sid] = state.to_json()
             if out.inbox_op is not None:
                 pipe.bump("packets")
-                await send("inbox", "io.mnemoflow.InboxOp", sid, out.inbox_op)
+                await send("inbox", "io.mnemoflow.InboxOp", sid, out.inbox_op,
+                           op_headers(out.inbox_op))
             await send("audit", "io.mnemoflow.AuditRecord", sid,
                        {**out.audit, "emitTime": out.audit.get("emitTime") or _now_ms()})
 

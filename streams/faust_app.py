@@ -1,0 +1,112 @@
+"""The faust App the worker runs: stock faust, except two fixes that at-least-once needs.
+
+Both were found by the SIGKILL drill (tests/streams/test_crash_kafka.py), where a restarted
+worker lost recall requests during its first rebalance, with no error logged:
+
+1. faust's delivery loop (`Consumer._drain_messages`) hands each fetched record to the streams
+   with `wait_first(callback(message), suspend_flow.wait())` and then marks the record as read
+   whichever of the two finished. When a rebalance suspends the flow mid-delivery, the record
+   never reaches its stream, yet it counts as read, so the refetch after the rebalance drops it
+   ("DROPPED MESSAGE ROFF"); a later record then opens a "gap" that faust treats as acked, and
+   the commit moves past records that no agent saw. Here a record counts as read only once it
+   was delivered; a suspended delivery ends the batch (the partitions are sought back to their
+   committed offsets when the flow resumes), and a gap in a partition's offsets, which our
+   topics never have (no compaction, no transactions), seeks back instead of being skipped.
+2. aiokafka's `seek_to_committed` leaves a partition alone when its committed offset is None or
+   0, so a partition that had never been committed kept the position past records that were
+   fetched and dropped during recovery. Such partitions seek to the beginning, which is what
+   `auto_offset_reset="earliest"` means.
+
+Redelivered records are harmless: every stage's outputs have deterministic ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import faust
+from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.drivers import aiokafka as driver
+
+
+class _ConsumerThread(driver.AIOKafkaConsumerThread):
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        return await self.call_thread(self._seek_to_committed_or_beginning)
+
+    async def _seek_to_committed_or_beginning(self) -> Mapping[Any, int]:
+        consumer = self._ensure_consumer()
+        committed = await consumer.seek_to_committed()
+        changelogs = self.app.tables.changelog_topics  # recovery seeks those itself
+        fresh = [tp for tp, off in committed.items() if not off and tp.topic not in changelogs]
+        if fresh:
+            await consumer.seek_to_beginning(*fresh)
+        return committed
+
+
+class _Consumer(driver.Consumer):
+    def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in faust
+        """faust's loop (faust/transport/consumer.py) with fix 1 of the module docstring."""
+        read_offset = self._read_offset
+        commit_every = self._commit_every
+        acks_enabled_for = self.app.topics.acks_enabled_for  # False for compacted changelogs
+        num_since_yield = 0
+        try:
+            while not (self._stopped.is_set() or fetcher._stopped.is_set()):
+                self.diag.set_flag(CONSUMER_FETCHING)
+                batch = self.getmany(timeout=1.0)
+                await self.sleep(0)
+                if self.should_stop:
+                    continue
+                resync: set[Any] = set()  # partitions sought back: the rest of the batch is stale
+                async for tp, message in batch:
+                    if tp in resync:
+                        continue
+                    num_since_yield += 1
+                    if num_since_yield > 100:
+                        await asyncio.sleep(0)
+                        num_since_yield = 0
+                    # _read_offset holds the next offset to deliver, as faust's seeks set it
+                    offset, expected = message.offset, read_offset.get(tp)
+                    if expected is not None and offset < expected:
+                        continue  # delivered already: a refetch after a seek
+                    if expected is not None and offset > expected and acks_enabled_for(tp.topic):
+                        self.log.warning("offset gap on %r (%r -> %r): seeking back", tp,
+                                         expected, offset)
+                        await self.seek(tp, expected)
+                        resync.add(tp)
+                        continue
+                    if commit_every is not None and self._n_acked >= commit_every:
+                        self._n_acked = 0
+                        await self.commit()
+                    delivery = self.callback(message)
+                    res = await self.wait_first(delivery, self.suspend_flow.wait())
+                    if delivery not in res.done:
+                        break  # not delivered: the seek after the rebalance fetches it again
+                    read_offset[tp] = offset + 1
+                self.diag.unset_flag(CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+        finally:
+            self.diag.unset_flag(CONSUMER_FETCHING)
+
+
+class _Transport(driver.Transport):
+    Consumer = _Consumer
+
+
+class WorkerApp(faust.App):
+    """faust.App with the seek fix above; everything else is configured by the caller."""
+
+    def _new_transport(self) -> Any:
+        return _Transport(self.conf.broker_consumer, self)
