@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mnemoflow.agents.extract import extract_facts
+from mnemoflow.agents.extract import extract_memories
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.text import digest, entities, semantic_key
 from mnemoflow.agents.working_memory import RingEntry, WorkingMemory
@@ -117,7 +117,7 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
                  # a question asks for information rather than stating it: a weak memory
                  "attributes": {"role": seg["kind"],
                                 "salience": "-3" if _is_question(seg["text"]) else "0"}},
-                *extract_facts(seg))
+                *extract_memories(seg))
     if seg["kind"] == "tool" and seg["ok"] is not None:
         outcome = "success" if seg["ok"] else "failure"
         return ({**base, "eventId": stable_id("mem", seg["segmentId"], "episode"),
@@ -128,6 +128,15 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
                                 "status": "candidate" if not seg["ok"] else "recorded",
                                 "callId": env.get("callId") or ""}},)
     return ()
+
+
+def _attributes(source: str, rec: dict[str, Any]) -> dict[str, str]:
+    """Copied through for the evidence updater (G-01): the host's attributes (packet_delivered
+    carries `memoryIds`), and for a tool result its status and the memories it says it reused."""
+    if source == "tool-results":
+        refs = rec.get("memoryRefs") or []
+        return {"status": rec["status"], **({"memoryRefs": ",".join(refs)} if refs else {})}
+    return dict(rec.get("attributes") or {})
 
 
 def observe(
@@ -158,7 +167,7 @@ def observe(
         "provenance": f"{rec['sessionId']}#{rec['turn']}.{rec['step']}",
         "lifecycle": rec.get("lifecycle"), "capability": rec.get("capability"),
         "feedbackKind": rec.get("feedbackKind"), "feedbackRef": rec.get("feedbackRef"),
-        "evicted": [], "ingestTime": ingest_time,
+        "evicted": [], "ingestTime": ingest_time, "attributes": _attributes(source, rec),
     }
     if redelivered:
         return state, Observation(seg, _memory_events(seg, rec), redelivered=True)

@@ -23,7 +23,7 @@ async def rebuild(events: list[dict[str, Any]], index_path: Path, embedder: Asyn
     store = MemoryStore()
     meta = IndexMeta(embedder.name, embedder.dim, embedder.version)
     index = open_index(index_path, meta, rebuild=True)
-    sink = VectorSink(index, embedder)
+    sink = VectorSink(index, embedder, store=store)
     md = MarkdownSink(markdown_root, store) if markdown_root else None
     for ev in events:
         store.apply(ev)

@@ -43,14 +43,18 @@ class VectorTier:
         out: dict[str, Candidate] = {}
         for mid, sim in hits:
             rec = self.store.records.get(mid)
-            if rec is not None and not rec.revoked and mid not in out:
+            if rec is not None and self.store.recallable(mid) and mid not in out:
                 out[mid] = rec.candidate(sim)
         return list(out.values())
 
 
 @dataclass
 class VectorSink:
-    """Buffers memory-log records, embeds them in batches off the loop, writes LanceDB."""
+    """Buffers memory-log records, embeds them in batches off the loop, writes LanceDB.
+
+    With `store` (the MemoryStore folded just before each event) it also drops what the fold
+    revoked without an event of its own: facts cascading from a revoked segment, procedures
+    whose evidence was revoked."""
 
     index: VectorIndex
     embedder: AsyncEmbedder
@@ -59,15 +63,28 @@ class VectorSink:
     pending: list[dict[str, Any]] = field(default_factory=list)
     revoked: list[str] = field(default_factory=list)
     written: int = 0
+    store: MemoryStore | None = None
+    _seen_revocations: int = 0
+    _pending_ids: set[str] = field(default_factory=set)
+
+    def _drop(self, mid: str) -> None:
+        self.revoked.append(mid)
+        if mid in self._pending_ids:
+            self._pending_ids.discard(mid)
+            self.pending = [r for r in self.pending if r["memory_id"] != mid]
 
     def on_event(self, ev: dict[str, Any]) -> None:
+        if self.store is not None:
+            for mid in self.store.revocations[self._seen_revocations:]:
+                self._drop(mid)
+            self._seen_revocations = len(self.store.revocations)
         if ev["op"] in ("memory_revoked", "fact_revoked", "procedure_deprecated"):
-            self.revoked.append(ev["memoryId"])
-            self.pending = [r for r in self.pending if r["memory_id"] != ev["memoryId"]]
-        elif ev["memoryId"] in self.index.ids:
-            return  # already embedded by an earlier run: the index persists across restarts
+            self._drop(ev["memoryId"])
+        elif ev["memoryId"] in self.index.ids or ev["memoryId"] in self._pending_ids:
+            return  # already embedded (the index persists across restarts) or buffered
         elif ev["kind"] in EMBED_KINDS and ev.get("text"):
             ttl = ev.get("ttlMs")
+            self._pending_ids.add(ev["memoryId"])
             self.pending.append({"memory_id": ev["memoryId"], "kind": ev["kind"],
                                  "text": ev["text"], "scope": ev["scope"], "owner": ev["owner"],
                                  "event_time": ev["eventTime"],
@@ -79,6 +96,7 @@ class VectorSink:
         n = 0
         while self.pending:
             rows, self.pending = self.pending[: self.batch], self.pending[self.batch:]
+            self._pending_ids.difference_update(r["memory_id"] for r in rows)
             vecs = await self.embedder.embed([r["text"] for r in rows], self.timeout_s)
             await loop.run_in_executor(None, self.index.add, rows, np.asarray(vecs))
             n += len(rows)

@@ -178,4 +178,11 @@ def default_registry() -> SchemaRegistry:
     types = named_types()
     for name in sorted(types):
         reg.register(_inline(types[name], types, set()))
+    # earlier versions still on the topics: decodable (resolved to the current version), never
+    # written; a rolling upgrade would otherwise dead-letter records already in flight
+    history = resources.files("mnemoflow.schemas").joinpath("history")
+    if history.is_dir():
+        for entry in sorted(history.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".avsc"):
+                reg.register(_inline(json.loads(entry.read_text()), types, set()), current=False)
     return reg

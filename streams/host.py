@@ -3,14 +3,19 @@
 Each session numbers its events (eventSeq) in one sequence across the three topics, and all
 three are keyed by sessionId, so the worker sees one session's events in order per topic.
 The inbox side (claim / assemble / build_request) lives in `mnemoflow.streams.inbox`.
+`HostClient.remember/revoke/alias/confirm/approve_procedure` write long-term memory directly
+to the memory-log (source "host", keyed by the scope owner), for hosts that know better than
+the rule-based extraction.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnemoflow.agents import memory_events as M
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.producer import AvroProducer
@@ -86,10 +91,16 @@ class HostSession:
             event_time, "lifecycle", lifecycle=action,
             capability=capability.to_record() if capability else None)
 
-    async def feedback(self, kind: str, ref: str, event_time: int) -> dict[str, Any]:
-        """packet_delivered | packet_ignored | correction, about a packet id or digest."""
+    async def feedback(self, kind: str, ref: str, event_time: int,
+                       memory_ids: Sequence[str] = ()) -> dict[str, Any]:
+        """packet_delivered | packet_ignored | correction, about a packet id or digest.
+
+        `memory_ids` (the packet's items, or the memories a correction disputes) travel in
+        `attributes["memoryIds"]`, comma-joined: the evidence updater (G-01) credits tool
+        outcomes to them and sends corrections to the conflict set."""
+        attrs = {"memoryIds": ",".join(memory_ids)} if memory_ids else {}
         return await self._session_event(event_time, "feedback", feedbackKind=kind,
-                                         feedbackRef=ref)
+                                         feedbackRef=ref, attributes=attrs)
 
     async def tool_result(self, call_id: str, tool_name: str, status: str, event_time: int,
                           output: str | None = None, error: str | None = None,
@@ -130,3 +141,41 @@ class HostClient:
     def session(self, session_id: str, user_id: str, agent_id: str = "agent",
                 workspace_id: str | None = None) -> HostSession:
         return HostSession(self, session_id, user_id, agent_id, workspace_id)
+
+    # ------------------------------------------------ direct long-term memory writes (M-03..05)
+
+    async def _memory(self, ev: dict[str, Any]) -> dict[str, Any]:
+        await self.producer.send(T.MEMORY_LOG.name(self.settings), "io.mnemoflow.MemoryEvent",
+                                 ev["owner"], ev)
+        return ev
+
+    async def remember(self, owner: str, text: str, event_time: int, *, scope: str = "User",
+                       subject: str | None = None, predicate: str | None = None,
+                       obj: str | None = None, memory_id: str | None = None,
+                       ttl_ms: int | None = None) -> dict[str, Any]:
+        """A fact (subject/predicate/object: replaces that subject's value) or a free note."""
+        return await self._memory(M.host_fact(owner, text, event_time, scope=scope,
+                                              subject=subject, predicate=predicate, obj=obj,
+                                              memory_id=memory_id, ttl_ms=ttl_ms))
+
+    async def revoke(self, owner: str, memory_id: str, event_time: int, *, scope: str = "User",
+                     reason: str = "host") -> dict[str, Any]:
+        """Hide a memory everywhere; facts and aliases extracted only from it go too."""
+        return await self._memory(M.host_revoke(owner, memory_id, event_time, scope=scope,
+                                                reason=reason))
+
+    async def alias(self, owner: str, alias: str, target: str, event_time: int, *,
+                    scope: str = "User", revoke: bool = False) -> dict[str, Any]:
+        return await self._memory(M.host_alias(owner, alias, target, event_time, scope=scope,
+                                               revoke=revoke))
+
+    async def confirm(self, owner: str, memory_id: str, event_time: int, *,
+                      scope: str = "User") -> dict[str, Any]:
+        """Settle a conflict or a dispute in favour of this fact, or accept a fact candidate."""
+        return await self._memory(M.host_confirm(owner, memory_id, event_time, scope=scope))
+
+    async def approve_procedure(self, owner: str, procedure_id: str, event_time: int, *,
+                                scope: str = "User") -> dict[str, Any]:
+        """The user's approval a high-risk procedure needs before it can be validated."""
+        return await self._memory(M.host_approve_procedure(owner, procedure_id, event_time,
+                                                           scope=scope))

@@ -155,7 +155,8 @@ class StepAssembler:
         for p in entered:
             self.visible_digests.add(p["exactDigest"])
             self.delivered_cursor = max(self.delivered_cursor, p["contextCursor"])
-            await self.session.feedback("packet_delivered", p["packetId"], now_ms)
+            await self.session.feedback("packet_delivered", p["packetId"], now_ms,
+                                        memory_ids=[i["memoryId"] for i in p["items"]])
         return StepResult(req, claim, tuple(p["packetId"] for p in entered))
 
     def build_request(self, system: str, entered: list[dict[str, Any]]) -> BuiltRequest:

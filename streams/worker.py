@@ -99,7 +99,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
         meta = IndexMeta(embedder.name, embedder.dim, embedder.version)
         index = open_index(settings.home / "lancedb" / settings.app_id, meta)
-        sinks.append(VectorSink(index, embedder))
+        sinks.append(VectorSink(index, embedder, store=store))
         store.name = f"lexical+vector:{embedder.version}"  # the retrievalVersion says which
         tiers.append(TierSpec(VectorTier(store, index, embedder), timeout_s=3.0))
     tiers += extra_tiers or []

@@ -47,3 +47,39 @@ def request(text: str = "where did I park?", sid: str = "s1", user: str = "u1", 
             "capability": kw.pop("capability", {"supportsPreStep": True}),
             "ignoredDigests": [], "visibleDigests": [], "timeWindow": None, "ingestTime": 0,
             **kw}
+
+
+def feedback_event(sid: str, seq: int, kind: str, ref: str, t: int = T0, user: str = "u1",
+                   memory_ids: tuple[str, ...] = (), turn: int = 1) -> dict[str, Any]:
+    """A host feedback event as HostSession.feedback writes it (memoryIds comma-joined)."""
+    return user_event(sid, seq, None, t, user=user, type="feedback", turn=turn,  # type: ignore[arg-type]
+                      feedbackKind=kind, feedbackRef=ref,
+                      attributes={"memoryIds": ",".join(memory_ids)} if memory_ids else {})
+
+
+def tool_run(sid: str, t0: int, tools: list[tuple[str, str]], user: str = "u1",
+             intent: str = "deploy atlas to staging", turn: int = 1,
+             seq0: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    """One turn of a session: the user's message, then one tool result per (tool, status),
+    a second apart. Returns (source topic, input record) pairs for the observer."""
+    out = [("session-events", user_event(sid, seq0, intent, t0, user=user, turn=turn))]
+    for i, (tool, status) in enumerate(tools, start=1):
+        out.append(("tool-results", tool_event(
+            sid, seq0 + i, status, t0 + i * 1000, toolName=tool, userId=user, turn=turn,
+            step=i, error=None if status == "ok" else f"{tool} timed out after 30s",
+            output="done" if status == "ok" else None)))
+    return out
+
+
+def observe_log(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The memory-log the observer writes for these (source, record) inputs, one observer
+    state per session, in input order."""
+    from mnemoflow.agents.observer import ObserverState, observe
+
+    states: dict[str, ObserverState] = {}
+    out: list[dict[str, Any]] = []
+    for source, rec in events:
+        sid = rec["sessionId"]
+        states[sid], obs = observe(states.get(sid, ObserverState()), source, rec)
+        out += obs.memory_events
+    return out

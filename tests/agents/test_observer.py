@@ -74,3 +74,15 @@ def test_sessions_do_not_share_state() -> None:
     b, obs = observe(ObserverState(), "session-events", user_event("B", 1, "hello"))
     assert obs.segment["contextVersion"] == 1
     assert all(e.segment_id not in {x.segment_id for x in a.ring.entries} for e in b.ring.entries)
+
+
+def test_attributes_are_copied_through_for_the_evidence_updater() -> None:
+    fb = user_event("s1", 1, None, type="feedback", feedbackKind="packet_delivered",
+                    feedbackRef="pkt:1", attributes={"memoryIds": "fact:a,seg:b"})
+    seg = observe(ObserverState(), "session-events", fb)[1].segment
+    assert seg["kind"] == "feedback" and seg["attributes"] == {"memoryIds": "fact:a,seg:b"}
+    tool = tool_event("s1", 2, "retry", error="boom", memoryRefs=["proc:x", "fact:y"])
+    seg = observe(ObserverState(), "tool-results", tool)[1].segment
+    assert seg["attributes"] == {"status": "retry", "memoryRefs": "proc:x,fact:y"}
+    plain = observe(ObserverState(), "tool-results", tool_event("s1", 3, "ok"))[1].segment
+    assert plain["attributes"] == {"status": "ok"}

@@ -8,6 +8,7 @@ import struct
 import pytest
 from fastavro.schema import fingerprint
 
+from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.schemas.codec import (
     MAGIC,
     DecodeError,
@@ -16,6 +17,8 @@ from mnemoflow.schemas.codec import (
     default_registry,
     topic_schema,
 )
+
+from factories import user_event
 
 EVENT = {"schemaVersion": 1, "sessionId": "s1", "agentId": "a", "userId": "u", "eventSeq": 7,
          "turn": 1, "step": 0, "eventTime": 1_700_000_000_000, "type": "user_message",
@@ -111,3 +114,14 @@ def test_v11_writer_v1_reader() -> None:
     reader.register(topic_schema("session-events.avsc"))
     _, rec = reader.decode(writer.encode("io.mnemoflow.SessionEvent", {**EVENT, "locale": "de"}))
     assert "locale" not in rec and rec["eventSeq"] == 7
+
+
+def test_segments_written_before_attributes_existed_still_decode() -> None:
+    """A rolling upgrade: segments already on the topic were written without `attributes`."""
+    seg = observe(ObserverState(), "session-events", user_event("s1", 1, "hello"))[1].segment
+    old = SchemaRegistry()
+    old.register(topic_schema("history/segments.1.avsc"))
+    legacy = {k: v for k, v in seg.items() if k != "attributes"}
+    data = old.encode("io.mnemoflow.Segment", legacy)
+    name, rec = default_registry().decode(data, "io.mnemoflow.Segment")
+    assert name == "io.mnemoflow.Segment" and rec == {**legacy, "attributes": {}}

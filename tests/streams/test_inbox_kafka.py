@@ -8,6 +8,7 @@ import pytest
 from test_topology_kafka import MANIFEST, _ask, _start, _two_phase, _wait_gate
 
 from mnemoflow.agents.ids import stable_id
+from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.inbox import InboxClient
@@ -124,9 +125,26 @@ async def test_expired_packet_is_never_delivered(topics, kafka_bootstrap):
         finally:
             await _close(prod, inbox)
     recs = await collect(s, bs, ["session-events", "inbox"], lambda r: r["session-events"], 20)
-    delivered = [e["feedbackRef"] for e in recs["session-events"] if e["type"] == "feedback"]
-    assert delivered == [stable_id("pkt", "sE", 2)]
+    feedback = [e for e in recs["session-events"] if e["type"] == "feedback"]
+    assert [e["feedbackRef"] for e in feedback] == [stable_id("pkt", "sE", 2)]
+    assert [e["attributes"] for e in feedback] == [{"memoryIds": "m2"}]  # for G-01 evidence
     assert any(op["op"] == "expire" for op in recs["inbox"])
+
+
+async def test_host_writes_memory_directly(topics, kafka_bootstrap):
+    s, bs = topics, kafka_bootstrap
+    async with HostClient(s, bs) as host:
+        fact = await host.remember("alice", "", T0, subject="editor", predicate="is", obj="vim")
+        await host.alias("alice", "ed", "editor", T0 + 1)
+        await host.revoke("alice", fact["memoryId"], T0 + 2)
+    recs = await collect(s, bs, ["memory-log"], lambda r: len(r["memory-log"]) >= 3, 30)
+    log = recs["memory-log"]
+    assert [e["op"] for e in log] == ["fact_upserted", "alias_added", "memory_revoked"]
+    assert all(e["source"] == "host" and e["owner"] == "alice" for e in log)
+    store = MemoryStore()
+    for e in log:
+        store.apply(e)
+    assert store.records[fact["memoryId"]].revoked
 
 
 async def test_step_boundary_order_and_request_audit(topics, kafka_bootstrap):
