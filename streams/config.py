@@ -32,6 +32,10 @@ class Settings:
     weights_file: str | None = field(default_factory=lambda: os.environ.get("MNEMOFLOW_WEIGHTS"))
     session_timeout_s: float = field(
         default_factory=lambda: float(_env("MNEMOFLOW_SESSION_TIMEOUT_S", "10")))
+    consolidate_interval_s: float = field(
+        default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_INTERVAL_S", "5")))
+    consolidate_idle_s: float = field(
+        default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_IDLE_S", "3")))
     vector: bool = field(default_factory=lambda: _env("MNEMOFLOW_VECTOR", "1") not in ("0", "off"))
     # fault injection for resilience drills: these recall tiers raise instead of answering
     fault_tiers: tuple[str, ...] = field(default_factory=lambda: tuple(

@@ -2,9 +2,11 @@
 
 observer (3 input topics -> segments, memory-log)   state: observer-state table
 gate     (segments -> recall-requests, audit)        state: gate-state table
+evidence (segments -> memory-log)                    state: evidence-state table
 recall   (recall-requests -> inbox, audit)           state: broker-state table
          recall -> rank -> safety -> broker, all pure but the tier I/O
 projector (memory-log -> MemoryStore), a task over all partitions
+consolidation (MemoryStore -> memory-log), a timer on the leader when the worker is idle
 
 Every table is keyed by sessionId and co-partitioned with its source topic, so a session's
 state lives with its events. Values are raw Avro bytes: bad bytes go to the dead-letter
@@ -21,6 +23,9 @@ from typing import Any
 import faust
 
 from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
+from mnemoflow.agents.consolidate import consolidate
+from mnemoflow.agents.evidence import EvidenceState
+from mnemoflow.agents.evidence import update as update_evidence
 from mnemoflow.agents.gate import GateState, decide
 from mnemoflow.agents.inbox import op_headers
 from mnemoflow.agents.observer import ObserverState, observe
@@ -62,6 +67,7 @@ class Pipeline:
     embedder: AsyncEmbedder | None = None
     tiers: list[TierSpec] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    last_input: float = 0.0  # monotonic time of the last input event: idle detection only
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -122,6 +128,7 @@ def _wire(pipe: Pipeline) -> None:
     observer_state = app.Table("observer-state", default=None, partitions=p)
     gate_state = app.Table("gate-state", default=None, partitions=p)
     broker_state = app.Table("broker-state", default=None, partitions=p)
+    evidence_state = app.Table("evidence-state", default=None, partitions=p)
 
     async def to_dlq(ev: faust.types.EventT, reason: str, detail: str, stage: str) -> None:
         m = ev.message
@@ -148,6 +155,7 @@ def _wire(pipe: Pipeline) -> None:
     @app.agent(inputs, concurrency=1)
     async def observer(stream: faust.StreamT) -> None:
         async for ev, rec in records(stream, "observer"):
+            pipe.last_input = time.monotonic()
             sid = rec["sessionId"]
             source = base_of[ev.message.topic].base
             state = ObserverState.from_json(observer_state.get(sid), tun.gate.window_cap,
@@ -177,6 +185,34 @@ def _wire(pipe: Pipeline) -> None:
             await send("audit", "io.mnemoflow.AuditRecord", sid, audit)
             if out.request is not None:
                 await send("recall-requests", "io.mnemoflow.RecallRequest", sid, out.request)
+
+    @app.agent(t["segments"], concurrency=1)
+    async def evidence(stream: faust.StreamT) -> None:
+        """G-01: tool outcomes after a delivery reinforce or weaken the delivered memories."""
+        async for _ev, seg in records(stream, "evidence"):
+            sid = seg["envelope"]["sessionId"]
+            old = evidence_state.get(sid)
+            state, events = update_evidence(EvidenceState.from_json(old), seg)
+            new = state.to_json()
+            if new != old:  # most segments (plain text) leave the state as it was
+                evidence_state[sid] = new
+            for mem in events:
+                await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
+
+    @app.timer(interval=s.consolidate_interval_s, on_leader=True)
+    async def consolidate_when_idle() -> None:
+        """Idle-time consolidation (M-02 -> M-03/M-04): repeated episodes become candidates.
+
+        The wall clock only schedules it; what it writes depends on the memory-log alone
+        (event time, ids derived from the inputs), so a rerun or a second worker adds nothing.
+        """
+        if time.monotonic() - pipe.last_input < s.consolidate_idle_s:
+            return  # not idle: the stream comes first
+        if not await pipe.projector.barrier(timeout=2.0):
+            return
+        for mem in consolidate(pipe.store, pipe.store.latest_event_time):
+            pipe.bump("consolidation-events")
+            await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
 
     @app.agent(t["recall-requests"], concurrency=1)
     async def recall_agent(stream: faust.StreamT) -> None:
