@@ -227,19 +227,24 @@ class GraphState:
                     acc[other] = acc.get(other, 0.0) + link.weight
         return sorted(acc.items())
 
-    def mention_count(self, entity: str, view: View) -> int:
-        """How many visible memories mention `entity` (HippoRAG's node specificity uses it)."""
-        return sum(1 for p in sorted(view.chain) if p in self.partitions
-                   for mid in self.partitions[p].mentions.get(entity, ())
-                   if self.visible(mid, view))
+    def degree(self, node: str, view: View) -> int:
+        """Edges of `node` in the view's partitions before the visibility checks: an upper
+        bound of its degree that costs a few dict lookups, even for a hub."""
+        parts = [self.partitions[p] for p in view.chain if p in self.partitions]
+        links = sum(len(part.links.get(node, ())) for part in parts)
+        if is_entity(node):
+            return links + sum(len(part.mentions.get(node, ())) for part in parts)
+        m = self.memories.get(node)
+        return links + (len(m.entities) if m is not None else 0)
 
     def subgraph(self, seeds: Iterable[str], view: View, max_nodes: int = 4000,
                  max_hops: int = 4) -> dict[str, list[tuple[str, float]]]:
-        """The visible neighbourhood of the seeds as an adjacency dict (a snapshot).
+        """The visible neighbourhood of the seeds as an adjacency dict (a snapshot), for the
+        exact power iteration (`personalized_pagerank`) offline and in tests; recall uses the
+        local push, which needs no snapshot.
 
         Breadth-first, frontier in sorted order, so the same state gives the same subgraph.
-        `max_nodes` and `max_hops` bound the work however large a user's graph grows; the
-        snapshot is plain data, safe to hand to another thread while the fold goes on.
+        `max_nodes` and `max_hops` bound the work; the snapshot is plain data.
         """
         start = sorted({s for s in seeds if self._node_ok(s, view)})
         nodes: dict[str, list[tuple[str, float]]] = {}

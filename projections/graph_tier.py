@@ -1,8 +1,8 @@
 """C-04 tier 3 (graph expansion) and the projector sink that keeps its graph current.
 
 The sink folds memory-log records into a GraphState (cheap dict updates, nothing buffered).
-The tier seeds a personalized PageRank with the request's entities and the entities of the
-earlier tiers' hits, walks only the request's visible neighbourhood, and returns the
+The tier seeds a personalized PageRank (local push) with the request's entities and the
+entities of the earlier tiers' hits, walks only what the request may see, and returns the
 memories the walk reaches most, as Candidates built from MemoryStore records with their own
 confidence: co-occurrence is not a fact, so the graph never raises a memory's confidence.
 """
@@ -10,7 +10,6 @@ confidence: co-occurrence is not a fact, so the graph never raises a memory's co
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,18 +17,17 @@ from typing import Any
 from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.graph import MEMORY_KINDS, RECORD_OPS, GraphState, View, entity_node, is_entity
 from mnemoflow.agents.graph_links import propose_links
-from mnemoflow.agents.ppr import personalized_pagerank, top_nodes
+from mnemoflow.agents.ppr import LocalPush, top_nodes
 from mnemoflow.projections.memory_store import MemoryStore
 
 
 @dataclass(frozen=True)
 class GraphConfig:
     alpha: float = 0.5  # restart probability (HippoRAG's damping 0.5)
-    iters: int = 30
-    max_nodes: int = 4000  # the walked neighbourhood is cut here, whatever the graph's size
-    max_hops: int = 4  # entity -> memory -> entity -> memory -> entity
+    eps: float = 1e-4  # push threshold: at most 1/(alpha*eps) edge visits per request
+    max_pushes: int = 20_000  # a hard stop on top of that bound
+    step_pushes: int = 32  # pushes between two yields to the event loop
     hit_weight: float = 0.5  # an earlier hit's entities seed at half a request entity's weight
-    offload_edges: int = 2000  # above this many edges PPR runs in a worker thread
 
 
 def _alive(store: MemoryStore) -> Callable[[str], bool]:
@@ -42,7 +40,13 @@ def _alive(store: MemoryStore) -> Callable[[str], bool]:
 
 @dataclass
 class GraphTier:
-    """`RecallTier` over the graph; use with `TierSpec(..., only_when_fewer_than=k)`."""
+    """`RecallTier` over the graph; use with `TierSpec(..., only_when_fewer_than=k)`.
+
+    The walk is a local push: its work is bounded by `GraphConfig.eps` however large the
+    user's graph is, it reads the live graph lazily, and it yields to the event loop every
+    `step_pushes` pushes, so it never blocks the loop for long and a tier timeout cancels it
+    (a thread could not be cancelled, and would race the fold).
+    """
 
     store: MemoryStore
     graph: GraphState
@@ -51,13 +55,13 @@ class GraphTier:
 
     def personalization(self, request: dict[str, Any], seeds: Sequence[Candidate],
                         view: View) -> dict[str, float]:
-        """Seed weights: entity specificity 1/|visible memories mentioning it| (HippoRAG)."""
+        """Seed weights: entity specificity 1/|memories mentioning it| (HippoRAG)."""
         weights: dict[str, float] = {}
 
         def add(node: str, w: float) -> None:
-            n = self.graph.mention_count(node, view)
-            if n or self.graph.neighbours(node, view):
-                weights[node] = weights.get(node, 0.0) + w / max(1, n)
+            n = self.graph.degree(node, view)
+            if n:
+                weights[node] = weights.get(node, 0.0) + w / n
 
         for e in dict.fromkeys(entity_node(e) for e in request.get("entities") or () if e.strip()):
             add(e, 1.0)
@@ -68,21 +72,31 @@ class GraphTier:
                     add(e, self.config.hit_weight)
         return weights
 
+    async def scores(self, request: dict[str, Any], seeds: Sequence[Candidate]) -> dict[str, float]:
+        """PPR scores of the nodes the walk reached (entities included)."""
+        view = View(scope_chain(request), int(request["eventTime"]), _alive(self.store))
+        personal = self.personalization(request, seeds, view)
+        if not personal:
+            return {}
+        seen: dict[str, list[tuple[str, float]]] = {}
+
+        def neighbours(node: str) -> list[tuple[str, float]]:
+            if node not in seen:
+                seen[node] = self.graph.neighbours(node, view)
+            return seen[node]
+
+        cfg = self.config
+        push = LocalPush(neighbours, lambda n: self.graph.degree(n, view), personal, cfg.alpha,
+                         cfg.eps, cfg.max_pushes)
+        while not push.step(cfg.step_pushes):
+            await asyncio.sleep(0)  # let the loop run between bounded steps
+        return push.scores()
+
     async def search(self, request: dict[str, Any], k: int,
                      seeds: Sequence[Candidate]) -> list[Candidate]:
         chain = scope_chain(request)
         before = int(request["eventTime"])
-        view = View(chain, before, _alive(self.store))
-        personal = self.personalization(request, seeds, view)
-        if not personal:
-            return []
-        cfg = self.config
-        adj = self.graph.subgraph(personal, view, cfg.max_nodes, cfg.max_hops)  # bounded, on loop
-        run = functools.partial(personalized_pagerank, adj, personal, cfg.alpha, cfg.iters)
-        if sum(len(v) for v in adj.values()) > cfg.offload_edges:
-            scores = await asyncio.get_running_loop().run_in_executor(None, run)
-        else:
-            scores = run()
+        scores = await self.scores(request, seeds)
         already = {c.memory_id for c in seeds}
         out: list[Candidate] = []
         for mid, score in top_nodes(scores, len(scores), skip=already):

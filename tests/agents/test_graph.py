@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from mnemoflow.agents.graph import GraphState, View, entity_node
 from mnemoflow.agents.graph_links import link_added, link_revoked
-from mnemoflow.agents.ppr import personalized_pagerank, top_nodes
+from mnemoflow.agents.ppr import LocalPush, personalized_pagerank, top_nodes
 
 from factories import memory_event, revoke_event
 
@@ -40,6 +41,12 @@ def state(*events: dict[str, Any]) -> GraphState:
 def walk(g: GraphState, seeds: list[str], view: View) -> dict[str, float]:
     personal = {entity_node(s): 1.0 for s in seeds}
     return personalized_pagerank(g.subgraph(personal, view), personal)
+
+
+def push_walk(g: GraphState, seeds: list[str], view: View, eps: float = 1e-4) -> dict[str, float]:
+    personal = {entity_node(s): 1.0 for s in seeds}
+    return LocalPush(lambda n: g.neighbours(n, view), lambda n: g.degree(n, view), personal,
+                     eps=eps).run()
 
 
 def memories(scores: dict[str, float]) -> list[str]:
@@ -71,6 +78,47 @@ def test_ppr_rejects_a_bad_alpha_and_empty_seeds() -> None:
     with pytest.raises(ValueError):
         personalized_pagerank({}, {"a": 1.0}, alpha=0.0)
     assert personalized_pagerank({"a": [("b", 1.0)]}, {"a": 0.0}) == {}
+
+
+def test_local_push_converges_to_power_iteration() -> None:
+    rnd = random.Random(5)
+    g = state(*(mem(f"m{i:02}", sorted({f"E{rnd.randrange(12)}" for _ in range(3)}))
+                for i in range(40)), mem("lonely", []))
+    personal = {entity_node("e1"): 0.7, entity_node("e2"): 0.3, "lonely": 0.2}
+    exact = personalized_pagerank(g.subgraph(personal, NOW, max_hops=50), personal,
+                                  alpha=0.3, iters=500, tol=1e-15)
+    push = LocalPush(lambda n: g.neighbours(n, NOW), lambda n: g.degree(n, NOW), personal,
+                     alpha=0.3, eps=1e-10, max_pushes=10**7).run()
+    assert sum(push.values()) == pytest.approx(1.0)
+    assert max(abs(push.get(n, 0.0) - exact[n]) for n in exact) < 1e-6
+    assert memories(push)[:10] == memories(exact)[:10]
+
+
+def test_local_push_work_is_bounded_and_skips_hubs() -> None:
+    g = state(*(mem(f"m{i:04}", ["Hub", f"E{i}"]) for i in range(3000)))
+    asked: list[str] = []
+
+    def nbrs(n: str) -> list[tuple[str, float]]:
+        asked.append(n)
+        return g.neighbours(n, NOW)
+
+    push = LocalPush(nbrs, lambda n: g.degree(n, NOW), {entity_node("e7"): 1.0}, eps=1e-3)
+    scores = push.run()
+    assert entity_node("hub") not in asked  # 3000 mentions: never worth a push at this eps
+    assert sum(g.degree(n, NOW) for n in asked) <= 1 / (0.5 * 1e-3)
+    assert memories(scores)[0] == "m0007"
+
+
+def test_local_push_steps_give_the_same_scores_as_one_run() -> None:
+    g = state(*BASE)
+    view, seeds = NOW, {entity_node("rex"): 1.0}
+    one = LocalPush(lambda n: g.neighbours(n, view), lambda n: g.degree(n, view), seeds,
+                    eps=1e-6).run()
+    stepped = LocalPush(lambda n: g.neighbours(n, view), lambda n: g.degree(n, view), seeds,
+                        eps=1e-6)
+    while not stepped.step(1):
+        pass
+    assert stepped.scores() == one
 
 
 def test_top_nodes_breaks_ties_by_id() -> None:
@@ -179,11 +227,13 @@ def test_subgraph_is_bounded() -> None:
 SCRIPT = """
 import json, random, sys
 sys.path[:0] = [{tests!r}, {here!r}]
-from test_graph import BASE, NOW, mem, state, walk
+from test_graph import BASE, NOW, mem, push_walk, state, walk
 evs = list(BASE) + [mem(f"x{{i}}", ["Brighton", f"E{{i % 3}}", "Rex" if i % 2 else "Lisbon"])
                     for i in range(30)]
 random.Random(int(sys.argv[1])).shuffle(evs)
-print(json.dumps(sorted(walk(state(*evs), ["rex", "lisbon"], NOW).items())))
+g = state(*evs)
+print(json.dumps([sorted(walk(g, ["rex", "lisbon"], NOW).items()),
+                  sorted(push_walk(g, ["rex", "lisbon"], NOW).items())]))
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -91,15 +92,28 @@ async def test_a_superseded_fact_is_not_walked() -> None:
     assert await GraphTier(store, sink.graph).search(req, 10, ()) == []
 
 
-async def test_offloading_a_big_walk_gives_the_same_answer() -> None:
+async def test_a_big_walk_yields_to_the_event_loop() -> None:
     evs = [memory_event(f"m{i:03}", ["Hub", f"E{i % 17}", f"F{i % 5}"], T0 + i) for i in range(300)]
     store, sink = project(*evs)
-    inline = GraphTier(store, sink.graph, GraphConfig(offload_edges=10**9))
-    thread = GraphTier(store, sink.graph, GraphConfig(offload_edges=0))
-    req = ask("e3 and f1", ["e3", "f1"])
-    a, b = await inline.search(req, 20, ()), await thread.search(req, 20, ())
-    assert [(c.memory_id, c.relevance) for c in a] == [(c.memory_id, c.relevance) for c in b]
-    assert len(a) == 20
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    bg = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    before = ticks
+    tier = GraphTier(store, sink.graph, GraphConfig(step_pushes=1))
+    hits = await tier.search(ask("e3 and f1", ["e3", "f1"]), 20, ())
+    during = ticks - before
+    bg.cancel()
+    assert len(hits) == 20 and during > 10  # the loop ran other work between push steps
+    again = await GraphTier(store, sink.graph).search(ask("e3 and f1", ["e3", "f1"]), 20, ())
+    assert [(c.memory_id, c.relevance) for c in again] == [(c.memory_id, c.relevance)
+                                                           for c in hits]
 
 
 async def test_proposed_links_come_back_through_the_fold() -> None:
@@ -121,7 +135,7 @@ async def test_proposed_links_come_back_through_the_fold() -> None:
 
 
 class BrokenGraph(GraphState):
-    def subgraph(self, *args: Any, **kw: Any) -> dict:
+    def neighbours(self, *args: Any, **kw: Any) -> list:
         raise RuntimeError("graph projection is corrupt")
 
 
