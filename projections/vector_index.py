@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Set as AbstractSet
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.index import FTS, IvfPq
+from lancedb.index import FTS, Bitmap, BTree, IvfPq
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "episodes": ("segment", "episode"), "facts": ("fact",), "procedures": ("procedure",),
@@ -38,6 +39,9 @@ LEGACY_TABLE = "memories"  # the single table of layout 1, migrated on open
 LAYOUT = "per-kind/2"
 META = "index_meta.json"
 ANN_MIN_ROWS = 50_000  # per table: below this a prefiltered flat scan is exact and fast enough
+REFINE_FACTOR = 5  # an ANN search re-scores 5k PQ candidates with the stored vectors
+# scalar indices let the scope/owner prefilter read only the caller's rows instead of all
+SCALAR_INDICES = (("owner", BTree), ("scope", Bitmap))
 COMPACT_EVERY = 50  # adds; many small appends make many fragments
 
 
@@ -100,8 +104,19 @@ class KindTable:
         indexed = {c for i in self.table.list_indices() for c in i.columns}
         if "text" not in indexed:  # on an empty table too: later rows are searched unindexed
             self.table.create_index("text", config=FTS())
+        for column, kind in SCALAR_INDICES:
+            if column not in indexed:
+                self.table.create_index(column, config=kind())
         self.has_ann = "vector" in indexed
         self._adds = 0
+        # (scope, owner) pairs that have ever had a row here: a query whose scope chain has
+        # none of them skips the table (a LanceDB query costs milliseconds even when empty);
+        # revocations do not shrink it, which only costs a needless query, never a miss
+        self.owners: set[tuple[str, str]] = set()
+        if len(self):
+            cols = self.table.search().select(["scope", "owner"]).limit(None).to_arrow()
+            self.owners.update(zip(cols.column("scope").to_pylist(),
+                                   cols.column("owner").to_pylist(), strict=True))
 
     def __len__(self) -> int:
         return int(self.table.count_rows())
@@ -116,6 +131,8 @@ class KindTable:
         if replace_ids:  # idempotent re-add; a delete scans the table, so only when needed
             self.delete(replace_ids)
         self.table.add(data)
+        self.owners.update(zip(data.column("scope").to_pylist(), data.column("owner").to_pylist(),
+                               strict=True))
         self._adds += 1
         if self._adds % COMPACT_EVERY == 0:  # compacts fragments, folds new rows into indices
             self.table.optimize()
@@ -127,9 +144,11 @@ class KindTable:
         self.table.delete("memory_id IN (" + ",".join(_q(i) for i in ids) + ")")
 
     def search(self, vector: np.ndarray, where: str, k: int) -> list[tuple[str, float]]:
-        rows = (self.table.search(vector.astype(np.float32), vector_column_name="vector")
-                .distance_type("cosine").where(where, prefilter=True).limit(k)
-                .select(["memory_id", "_distance"]).to_list())
+        q = (self.table.search(vector.astype(np.float32), vector_column_name="vector")
+             .distance_type("cosine").where(where, prefilter=True).limit(k))
+        if self.has_ann and REFINE_FACTOR:
+            q = q.refine_factor(REFINE_FACTOR)
+        rows = q.select(["memory_id", "_distance"]).to_list()
         return [(r["memory_id"], round(1.0 - float(r["_distance"]), 6)) for r in rows]
 
     def text_search(self, query: str, where: str, k: int) -> list[tuple[str, float]]:
@@ -151,6 +170,9 @@ class VectorIndex:
         self.meta = meta
         self.db = lancedb.connect(str(path))
         self.tables = {name: KindTable(self.db, name, meta, ann_min_rows) for name in FAMILIES}
+        # the tables are searched side by side: a LanceDB query is mostly fixed overhead
+        # spent in Rust with the GIL released, so three run in little more than one's time
+        self._pool: ThreadPoolExecutor | None = None
         self._family: dict[str, str] = {}  # memory id -> table it lives in
         for name, t in self.tables.items():
             self._family.update(dict.fromkeys(t.ids(), name))
@@ -194,6 +216,21 @@ class VectorIndex:
             self.tables[name].add(data, [i for i in ids if self._family.get(i) == name])
             self._family.update(dict.fromkeys(ids, name))
 
+    def _fan_out(self, fn: Any, families: tuple[str, ...],
+                 chain: frozenset[tuple[str, str]]) -> list[list[tuple[str, float]]]:
+        live = [self.tables[f] for f in families if not self.tables[f].owners.isdisjoint(chain)]
+        if len(live) < 2:
+            return [fn(t) for t in live]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(len(FAMILIES), thread_name_prefix="lance-search")
+        return list(self._pool.map(fn, live))
+
+    def close(self) -> None:
+        """Stop the search threads (idle ones cost nothing, but a clean exit joins them)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
     def revoke(self, memory_id: str) -> None:
         name = self._family.pop(memory_id, None)
         if name is not None:
@@ -204,8 +241,7 @@ class VectorIndex:
                families: tuple[str, ...] = RECALL_FAMILIES) -> list[tuple[str, float]]:
         """(memory_id, cosine similarity), best first, only within the scope chain."""
         where = visibility_filter(chain, before_ms, window)
-        return _merge([self.tables[f].search(vector, where, k) for f in families
-                       if len(self.tables[f])], k)
+        return _merge(self._fan_out(lambda t: t.search(vector, where, k), families, chain), k)
 
     def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
                     k: int, window: tuple[int, int] | None = None,
@@ -218,8 +254,8 @@ class VectorIndex:
         if not query.strip():
             return []
         where = visibility_filter(chain, before_ms, window)
-        return _merge([self.tables[f].text_search(query, where, k) for f in families
-                       if len(self.tables[f])], k)
+        return _merge(self._fan_out(lambda t: t.text_search(query, where, k), families, chain),
+                      k)
 
     def optimize(self) -> None:
         """Compact every table and fold unindexed rows into its indices."""

@@ -156,3 +156,13 @@ def test_a_single_table_index_is_moved_to_per_kind_tables(tmp_path: Path) -> Non
     assert {n: len(t) for n, t in idx.tables.items() if len(t)} == {
         "episodes": 1, "facts": 1, "procedures": 1}
     assert [m for m, _ in idx.search(unit(1), ALICE, T + 1, 3)] == ["f", "s", "p"]
+
+
+def test_tables_without_the_callers_rows_are_not_queried(tmp_path: Path, monkeypatch) -> None:
+    bob = frozenset({("User", "bob")})
+    for idx in (filled(tmp_path), open_index(tmp_path / "idx", META)):  # also after reopening
+        for name in ("facts", "procedures"):
+            monkeypatch.setattr(idx.tables[name], "search", lambda *a: pytest.fail("queried"))
+        assert [m for m, _ in idx.search(unit(1), bob, T + 1, 5)] == ["bob1"]
+        assert idx.tables["facts"].owners == {("User", "alice")}
+        idx.close()
