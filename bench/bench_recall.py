@@ -122,7 +122,6 @@ def run_one(n: int, queries: int) -> dict:
             fts_ms.append((time.perf_counter() - t4) * 1000)
         load.append(os.getloadavg()[0])
         rss = peak_rss_mib(os.getpid())
-        index.close()
         ann = {name: t.has_ann for name, t in index.tables.items()}
         sizes = {name: len(t) for name, t in index.tables.items()}
         # flat numpy baseline (and the exact answer the vector search is compared with)

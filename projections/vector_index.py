@@ -15,10 +15,10 @@ Revocation deletes the row, so it cannot be recalled.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Set as AbstractSet
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,11 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.index import FTS, Bitmap, BTree, IvfPq
+
+try:  # the loop LanceDB's own sync API runs every call on; it lets one call await several
+    from lancedb.background_loop import LOOP as LANCE_LOOP
+except ImportError:  # pragma: no cover - another LanceDB: tables are searched one by one
+    LANCE_LOOP = None
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "episodes": ("segment", "episode"), "facts": ("fact",), "procedures": ("procedure",),
@@ -156,6 +161,31 @@ class KindTable:
                 .where(where, prefilter=True).limit(k).select(["memory_id", "_score"]).to_list())
         return [(r["memory_id"], round(float(r["_score"]), 6)) for r in rows]
 
+    # The same two queries on the async table behind the sync one (the very handle the
+    # writes go through, so they see every write): awaited together, the tables of one
+    # search overlap their fixed per-query cost instead of paying it one after another.
+
+    @property
+    def async_table(self) -> Any:
+        return getattr(self.table, "_table", None)
+
+    async def asearch(self, vector: np.ndarray, where: str, k: int) -> list[tuple[str, float]]:
+        q = (self.async_table.query().nearest_to(vector.astype(np.float32)).column("vector")
+             .distance_type("cosine").where(where).limit(k))
+        if self.has_ann and REFINE_FACTOR:
+            q = q.refine_factor(REFINE_FACTOR)
+        t = await q.select(["memory_id", "_distance"]).to_arrow()
+        return [(m, round(1.0 - float(d), 6)) for m, d in
+                zip(t.column("memory_id").to_pylist(), t.column("_distance").to_pylist(),
+                    strict=True)]
+
+    async def atext_search(self, query: str, where: str, k: int) -> list[tuple[str, float]]:
+        t = await (self.async_table.query().nearest_to_text(query, columns="text").where(where)
+                   .limit(k).select(["memory_id", "_score"]).to_arrow())
+        return [(m, round(float(sc), 6)) for m, sc in
+                zip(t.column("memory_id").to_pylist(), t.column("_score").to_pylist(),
+                    strict=True)]
+
 
 def _merge(parts: list[list[tuple[str, float]]], k: int) -> list[tuple[str, float]]:
     """Best first across tables; equal scores ordered by memory id (deterministic)."""
@@ -170,9 +200,8 @@ class VectorIndex:
         self.meta = meta
         self.db = lancedb.connect(str(path))
         self.tables = {name: KindTable(self.db, name, meta, ann_min_rows) for name in FAMILIES}
-        # the tables are searched side by side: a LanceDB query is mostly fixed overhead
-        # spent in Rust with the GIL released, so three run in little more than one's time
-        self._pool: ThreadPoolExecutor | None = None
+        self.concurrent = LANCE_LOOP is not None and all(
+            t.async_table is not None for t in self.tables.values())
         self._family: dict[str, str] = {}  # memory id -> table it lives in
         for name, t in self.tables.items():
             self._family.update(dict.fromkeys(t.ids(), name))
@@ -216,20 +245,18 @@ class VectorIndex:
             self.tables[name].add(data, [i for i in ids if self._family.get(i) == name])
             self._family.update(dict.fromkeys(ids, name))
 
-    def _fan_out(self, fn: Any, families: tuple[str, ...],
+    def _fan_out(self, sync: Any, coro: Any, families: tuple[str, ...],
                  chain: frozenset[tuple[str, str]]) -> list[list[tuple[str, float]]]:
+        """Ask every table that may hold something of the chain; side by side when LanceDB
+        allows it (a query is mostly fixed cost in Rust), else one after another."""
         live = [self.tables[f] for f in families if not self.tables[f].owners.isdisjoint(chain)]
-        if len(live) < 2:
-            return [fn(t) for t in live]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(len(FAMILIES), thread_name_prefix="lance-search")
-        return list(self._pool.map(fn, live))
+        if len(live) < 2 or not self.concurrent:
+            return [sync(t) for t in live]
 
-    def close(self) -> None:
-        """Stop the search threads (idle ones cost nothing, but a clean exit joins them)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        async def together() -> list[list[tuple[str, float]]]:
+            return list(await asyncio.gather(*(coro(t) for t in live)))
+
+        return LANCE_LOOP.run(together())
 
     def revoke(self, memory_id: str) -> None:
         name = self._family.pop(memory_id, None)
@@ -241,7 +268,8 @@ class VectorIndex:
                families: tuple[str, ...] = RECALL_FAMILIES) -> list[tuple[str, float]]:
         """(memory_id, cosine similarity), best first, only within the scope chain."""
         where = visibility_filter(chain, before_ms, window)
-        return _merge(self._fan_out(lambda t: t.search(vector, where, k), families, chain), k)
+        return _merge(self._fan_out(lambda t: t.search(vector, where, k),
+                                    lambda t: t.asearch(vector, where, k), families, chain), k)
 
     def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
                     k: int, window: tuple[int, int] | None = None,
@@ -254,7 +282,8 @@ class VectorIndex:
         if not query.strip():
             return []
         where = visibility_filter(chain, before_ms, window)
-        return _merge(self._fan_out(lambda t: t.text_search(query, where, k), families, chain),
+        return _merge(self._fan_out(lambda t: t.text_search(query, where, k),
+                                    lambda t: t.atext_search(query, where, k), families, chain),
                       k)
 
     def optimize(self) -> None:

@@ -120,7 +120,10 @@ def test_the_ann_index_is_built_per_table_past_its_threshold(tmp_path: Path) -> 
     assert idx.tables["facts"].has_ann and not idx.tables["episodes"].has_ann
     reopened = open_index(tmp_path / "idx", META, ann_min_rows=300)
     assert reopened.tables["facts"].has_ann and not reopened.tables["episodes"].has_ann
-    assert len(reopened.search(vecs[7], ALICE, T + 1, 5)) == 5
+    hits = reopened.search(vecs[7], ALICE, T + 1, 5)
+    assert len(hits) == 5 and hits[0][0] == "f007"
+    reopened.concurrent = False
+    assert reopened.search(vecs[7], ALICE, T + 1, 5) == hits
 
 
 def test_another_model_is_refused_even_without_the_meta_file(tmp_path: Path) -> None:
@@ -165,4 +168,16 @@ def test_tables_without_the_callers_rows_are_not_queried(tmp_path: Path, monkeyp
             monkeypatch.setattr(idx.tables[name], "search", lambda *a: pytest.fail("queried"))
         assert [m for m, _ in idx.search(unit(1), bob, T + 1, 5)] == ["bob1"]
         assert idx.tables["facts"].owners == {("User", "alice")}
-        idx.close()
+
+
+def test_tables_searched_together_answer_as_one_by_one(tmp_path: Path) -> None:
+    idx = filled(tmp_path)
+    assert idx.concurrent  # the installed LanceDB lets one search await all its tables
+    idx.add([row("seg9", "segment", "Rex again", t=T + 3)], unit(1, 0.05)[None, :])  # unindexed
+    queries = [unit(1, 0), unit(0, 1), unit(1, 1, 1)]
+    together = [idx.search(q, ALICE, T + 10, 3) for q in queries] + \
+        [idx.text_search(w, ALICE, T + 10, 3) for w in ("rex", "deploy", "porto")]
+    idx.concurrent = False
+    one_by_one = [idx.search(q, ALICE, T + 10, 3) for q in queries] + \
+        [idx.text_search(w, ALICE, T + 10, 3) for w in ("rex", "deploy", "porto")]
+    assert together == one_by_one and all(together)
