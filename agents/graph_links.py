@@ -84,7 +84,8 @@ def propose_links(state: GraphState, memory_ids: Iterable[str], min_count: int =
     event time is that of the last of them: the link exists from when its evidence did. Only
     the first `max_entities` entities of a memory are paired, which bounds the work per memory.
     A link already held with the same evidence, or revoked, is not proposed again. `alive`
-    (the MemoryStore's view) keeps superseded facts out of the evidence.
+    (the MemoryStore's view) keeps superseded facts out of the evidence, and a memory with a
+    TTL is never evidence: a link must not outlive what grounds it.
     """
     out: dict[str, dict[str, Any]] = {}
     for mid in sorted(set(memory_ids)):

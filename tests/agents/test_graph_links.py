@@ -100,3 +100,9 @@ def test_superseded_memories_are_not_evidence() -> None:
     for ev in (mem("m1", ["Rex", "Beach"]), mem("m2", ["Rex", "Beach"])):
         g.apply(ev)
     assert propose_links(g, ["m1"], alive=lambda m: m != "m2") == []
+
+
+def test_memories_that_expire_are_not_evidence() -> None:
+    g = state(memory_event("m1", ["Rex", "Beach"], T, "alice", ttlMs=1000),
+              memory_event("m2", ["Rex", "Beach"], T + 1, "alice"))
+    assert propose_links(g, ["m1", "m2"]) == []
