@@ -2,92 +2,171 @@
 as a ratio to a flat numpy scan of the same vectors in the same run; worker-like RSS.
 
 Vectors are random unit vectors (embedding 1M real texts does not fit this machine's time);
-the query path is the real one: LanceDB prefiltered search, the lexical index, rank.
-Run: .venv/bin/python bench/bench_recall.py [--sizes 10000 100000 1000000]
+the query path is the real one: the per-kind LanceDB tables searched with the scope/time
+prefilter and merged, the lexical index, rank. Memories are mixed like a real log (mostly
+segments, some episodes, facts, procedures), so a query searches three tables.
+
+Each size runs in its own process, so its peak RSS is its own. The RSS is taken after the
+recall queries and before the flat-scan baseline allocates its copy of the vectors: it is
+what a worker holding that many memories (store, lexical index, LanceDB) needs. Random
+vectors are the worst case for the ANN index (nothing clusters), so the recall of the
+vector search against an exact prefiltered scan is printed too.
+
+Run: .venv/bin/python bench/bench_recall.py [--sizes 10000 100000 1000000] [--queries 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
-import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, pct
+from common import RESULTS, pct, peak_rss_mib
 
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_index import IndexMeta, open_index
+from mnemoflow.projections.vector_index import IndexMeta, VectorIndex, open_index
 
 DIM = 384
 USERS = 100
+K = 25
+BATCH = 20_000
 WORDS = [f"w{i}" for i in range(5000)]
+# share of each kind in the log: segments dominate, as they do in a real conversation log
+KINDS = (("segment", "segment_recorded", 0.75), ("episode", "episode_recorded", 0.10),
+         ("fact", "fact_upserted", 0.12), ("procedure", "procedure_observed", 0.03))
 
 
-def build(n: int, root: Path, rng: random.Random, nrng: np.random.Generator):
+def vectors(lo: int, hi: int) -> np.ndarray:
+    """Rows lo..hi of the corpus, regenerated on demand so the build never holds them all."""
+    v = np.random.default_rng([7, lo]).standard_normal((hi - lo, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def kind_of(i: int) -> tuple[str, str]:
+    x = random.Random(i).random()
+    for kind, op, share in KINDS:
+        if x < share:
+            return kind, op
+        x -= share
+    return KINDS[0][0], KINDS[0][1]
+
+
+def build(n: int, root: Path) -> tuple[MemoryStore, VectorIndex, float, float]:
+    rng = random.Random(1)
     store = MemoryStore()
     index = open_index(root / f"idx{n}", IndexMeta("random", DIM, "bench"))
-    vecs = nrng.standard_normal((n, DIM)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    owners = [f"user-{i % USERS}" for i in range(n)]
     t = time.perf_counter()
-    batch = 20_000
-    for lo in range(0, n, batch):
+    for lo in range(0, n, BATCH):
+        hi = min(n, lo + BATCH)
         rows = []
-        for i in range(lo, min(n, lo + batch)):
+        for i in range(lo, hi):
+            kind, op = kind_of(i)
             text = " ".join(rng.choice(WORDS) for _ in range(12))
-            ev = {"eventId": f"e{i}", "op": "segment_recorded", "memoryId": f"m{i}",
-                  "kind": "segment", "scope": "User", "owner": owners[i], "sessionId": "s",
-                  "eventSeq": i, "eventTime": i, "text": text, "entities": [],
-                  "provenance": [f"s#{i}.0"], "source": "user", "confidence": 0.5}
-            store.apply(ev)
-            rows.append({"memory_id": f"m{i}", "kind": "segment", "text": text, "scope": "User",
-                         "owner": owners[i], "event_time": i})
-        index.add(rows, vecs[lo:lo + len(rows)])
-    return store, index, vecs, np.array(owners), time.perf_counter() - t
+            owner = f"user-{i % USERS}"
+            store.apply({"eventId": f"e{i}", "op": op, "memoryId": f"m{i}", "kind": kind,
+                         "scope": "User", "owner": owner, "sessionId": "s", "eventSeq": i,
+                         "eventTime": i, "text": text, "entities": [],
+                         "provenance": [f"s#{i}.0"], "source": "user", "confidence": 0.5,
+                         "subject": f"s{i}", "predicate": "is", "object": "o"})
+            rows.append({"memory_id": f"m{i}", "kind": kind, "text": text, "scope": "User",
+                         "owner": owner, "event_time": i})
+        index.add(rows, vectors(lo, hi))
+    build_s = time.perf_counter() - t
+    t = time.perf_counter()
+    index.optimize()  # steady state: the sink compacts and folds new rows into the indices
+    return store, index, build_s, time.perf_counter() - t
+
+
+def run_one(n: int, queries: int) -> dict:
+    tuning = load_tuning().rank
+    rng, nrng = random.Random(2), np.random.default_rng(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        store, index, build_s, optimize_s = build(n, Path(tmp))
+        reqs = []
+        for q in range(queries):
+            user = f"user-{q % USERS}"
+            qv = nrng.standard_normal(DIM).astype(np.float32)
+            reqs.append(({"requestId": f"r{q}", "sessionId": "q", "userId": user,
+                          "workspaceId": None, "segmentId": "x", "digest": "x",
+                          "text": " ".join(rng.choice(WORDS) for _ in range(6)), "entities": [],
+                          "eventTime": n + 1, "visibleDigests": [], "ignoredDigests": []},
+                         qv / np.linalg.norm(qv)))
+        lat, vec_ms, lex_ms, rank_ms, fts_ms, found = [], [], [], [], [], []
+        load = [os.getloadavg()[0]]
+        for req, qv in reqs:
+            t0 = time.perf_counter()
+            hits = index.search(qv, scope_chain(req), n + 1, K)
+            t1 = time.perf_counter()
+            cands = store.search_lexical(req, K)
+            t2 = time.perf_counter()
+            cands += [store.records[m].candidate(s) for m, s in hits]
+            rank(cands, req, [], "v", tuning)
+            t3 = time.perf_counter()
+            lat.append((t3 - t0) * 1000)
+            vec_ms.append((t1 - t0) * 1000)
+            lex_ms.append((t2 - t1) * 1000)
+            rank_ms.append((t3 - t2) * 1000)
+            found.append([m for m, _ in hits])
+            t4 = time.perf_counter()
+            index.text_search(req["text"], scope_chain(req), n + 1, K)
+            fts_ms.append((time.perf_counter() - t4) * 1000)
+        load.append(os.getloadavg()[0])
+        rss = peak_rss_mib(os.getpid())
+        ann = {name: t.has_ann for name, t in index.tables.items()}
+        sizes = {name: len(t) for name, t in index.tables.items()}
+        # flat numpy baseline (and the exact answer the vector search is compared with)
+        allv = np.concatenate([vectors(lo, min(n, lo + BATCH)) for lo in range(0, n, BATCH)])
+        owners = np.array([i % USERS for i in range(n)])
+        flat, overlap = [], []
+        for (req, qv), got in zip(reqs, found, strict=True):
+            t = time.perf_counter()
+            rows = np.flatnonzero(owners == int(req["userId"].split("-")[1]))
+            sims = allv[rows] @ qv
+            top = rows[np.argpartition(-sims, K)[:K]]
+            flat.append((time.perf_counter() - t) * 1000)
+            overlap.append(len({f"m{i}" for i in top} & set(got)) / K)
+    return {"recall_ms": pct(lat), "vector_ms": pct(vec_ms), "lexical_ms": pct(lex_ms),
+            "rank_ms": pct(rank_ms), "lance_fts_ms": pct(fts_ms), "flat_numpy_ms": pct(flat),
+            "ratio_p95_to_flat": pct(lat)["p95"] / pct(flat)["p95"],
+            "vector_recall_at_k_vs_exact": float(np.mean(overlap)), "ann": ann,
+            "tables": sizes, "build_s": build_s, "optimize_s": optimize_s,
+            "peak_rss_mib": rss, "load_avg_1m": load, "cpus": os.cpu_count()}
+
+
+def show(n: int, r: dict) -> None:
+    def p(d: dict) -> str:
+        return f"p50 {d['p50']:.2f} / p95 {d['p95']:.2f} ms"
+    print(f"{n:>8} memories {r['tables']} ANN {r['ann']}")
+    print(f"    recall (vector+lexical+rank) {p(r['recall_ms'])}; flat numpy scan "
+          f"{p(r['flat_numpy_ms'])}; p95 ratio {r['ratio_p95_to_flat']:.1f}x")
+    print(f"    vector {p(r['vector_ms'])}, lexical {p(r['lexical_ms'])}, rank {p(r['rank_ms'])};"
+          f" LanceDB full-text (not in recall) {p(r['lance_fts_ms'])}")
+    print(f"    vector recall@{K} vs exact {r['vector_recall_at_k_vs_exact']:.2f}; build "
+          f"{r['build_s']:.0f}s + optimize {r['optimize_s']:.0f}s; peak RSS "
+          f"{r['peak_rss_mib']:.0f} MiB; 1-min load average {r['load_avg_1m'][0]:.1f} -> "
+          f"{r['load_avg_1m'][1]:.1f} on {r['cpus']} CPUs", flush=True)
 
 
 def main(args: argparse.Namespace) -> None:
-    rng, nrng = random.Random(1), np.random.default_rng(1)
-    tuning = load_tuning().rank
-    out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.sizes:
-            store, index, vecs, owners, build_s = build(n, Path(tmp), rng, nrng)
-            lat, flat = [], []
-            for q in range(args.queries):
-                user = f"user-{q % USERS}"
-                req = {"requestId": f"r{q}", "sessionId": "q", "userId": user,
-                       "workspaceId": None, "segmentId": "x", "digest": "x",
-                       "text": " ".join(rng.choice(WORDS) for _ in range(6)), "entities": [],
-                       "eventTime": n + 1, "visibleDigests": [], "ignoredDigests": []}
-                qv = nrng.standard_normal(DIM).astype(np.float32)
-                qv /= np.linalg.norm(qv)
-                t = time.perf_counter()
-                hits = index.search(qv, scope_chain(req), n + 1, 25)
-                cands = store.search_lexical(req, 25)
-                cands += [store.records[m].candidate(s) for m, s in hits]
-                rank(cands, req, [], "v", tuning)
-                lat.append((time.perf_counter() - t) * 1000)
-                t = time.perf_counter()
-                mask = owners == user
-                sims = vecs[mask] @ qv
-                np.argpartition(-sims, 25)[:25]
-                flat.append((time.perf_counter() - t) * 1000)
-            out[n] = {"recall_ms": pct(lat), "flat_numpy_ms": pct(flat), "build_s": build_s,
-                      "ratio_p95_to_flat": pct(lat)["p95"] / pct(flat)["p95"],
-                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-            r = out[n]
-            print(f"{n:>8} memories: recall p50 {r['recall_ms']['p50']:.2f} ms, p95 "
-                  f"{r['recall_ms']['p95']:.2f} ms; flat numpy scan p95 "
-                  f"{r['flat_numpy_ms']['p95']:.2f} ms ({r['ratio_p95_to_flat']:.1f}x); "
-                  f"build {build_s:.0f}s; peak RSS {r['rss_mib']:.0f} MiB")
+    if args.one:
+        print(json.dumps(run_one(args.one, args.queries)))
+        return
+    out: dict[int, dict] = {}
+    for n in args.sizes:
+        res = subprocess.run([sys.executable, __file__, "--one", str(n), "--queries",
+                              str(args.queries)], capture_output=True, text=True, check=True)
+        out[n] = json.loads(res.stdout.strip().splitlines()[-1])
+        show(n, out[n])
     base = args.sizes[0]
     for n in args.sizes[1:]:
         print(f"p95 at {n} / p95 at {base}: "
@@ -100,4 +179,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     main(ap.parse_args())

@@ -83,3 +83,17 @@ def observe_log(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]
         states[sid], obs = observe(states.get(sid, ObserverState()), source, rec)
         out += obs.memory_events
     return out
+
+
+def memory_event(mid: str, entities: list[str], t: int = T0, owner: str = "u1",
+                 scope: str = "User", **kw: Any) -> dict[str, Any]:
+    """A memory-log `segment_recorded` record with every schema field filled."""
+    return {"eventId": f"e:{mid}", "op": "segment_recorded", "memoryId": mid, "kind": "segment",
+            "scope": scope, "owner": owner, "sessionId": "s", "eventSeq": 1, "eventTime": t,
+            "text": " ".join(entities), "entities": entities, "provenance": [f"s#{t}.0"],
+            "source": "user", "confidence": 0.5, "ttlMs": None, "subject": None,
+            "predicate": None, "object": None, "riskLevel": None, "attributes": {}, **kw}
+
+
+def revoke_event(mid: str, owner: str = "u1") -> dict[str, Any]:
+    return {**memory_event(mid, [], owner=owner), "eventId": f"rv:{mid}", "op": "memory_revoked"}
