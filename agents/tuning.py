@@ -44,6 +44,7 @@ class RankTuning:
     audit_candidates: int = 25
     packet_ttl_ms: int = 10 * 60_000
     recall_k: int = 50
+    graph_when_fewer_than: int = 10  # C-04: graph expansion only when earlier tiers found few
 
 
 @dataclass(frozen=True)

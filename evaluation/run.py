@@ -57,7 +57,7 @@ def _cosine_inputs(bench: Benchmark, settings: Settings,
     prov = {m["memoryId"]: (m["owner"], metrics.host_provenance(",".join(m["provenance"])))
             for m in data.memory if m["op"] == "segment_recorded"}
     db = lancedb.connect(str(settings.home / "lancedb" / settings.app_id))
-    tbl = db.open_table("memories").to_arrow().select(["memory_id", "vector"])
+    tbl = db.open_table("episodes").to_arrow().select(["memory_id", "vector"])  # segments live there
     ids = tbl.column("memory_id").to_pylist()
     vecs = np.asarray(tbl.column("vector").to_pylist(), dtype=np.float32)
     turn_vectors = {prov[i]: v for i, v in zip(ids, vecs, strict=True) if i in prov}

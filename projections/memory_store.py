@@ -159,6 +159,8 @@ class MemoryStore:
         self.applied_count += 1
         self.latest_event_time = max(self.latest_event_time, int(ev["eventTime"]))
         op, mid = ev["op"], ev["memoryId"]
+        if op in ("link_added", "link_revoked"):
+            return True  # graph edges, not memories: the graph projection folds them
         if op in ("alias_added", "alias_revoked"):
             return self._alias(ev)
         if op in PROCEDURE_OPS or (op in REVOKE_OPS and mid in self.procedures):

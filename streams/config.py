@@ -36,6 +36,7 @@ class Settings:
         default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_INTERVAL_S", "5")))
     consolidate_idle_s: float = field(
         default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_IDLE_S", "3")))
+    graph: bool = field(default_factory=lambda: _env("MNEMOFLOW_GRAPH", "1") not in ("0", "off"))
     vector: bool = field(default_factory=lambda: _env("MNEMOFLOW_VECTOR", "1") not in ("0", "off"))
     # fault injection for resilience drills: these recall tiers raise instead of answering
     fault_tiers: tuple[str, ...] = field(default_factory=lambda: tuple(

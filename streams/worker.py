@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import faust
@@ -27,6 +27,7 @@ from mnemoflow.agents.consolidate import consolidate
 from mnemoflow.agents.evidence import EvidenceState
 from mnemoflow.agents.evidence import update as update_evidence
 from mnemoflow.agents.gate import GateState, decide
+from mnemoflow.agents.graph import GraphState
 from mnemoflow.agents.inbox import op_headers
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.rank import rank
@@ -34,6 +35,7 @@ from mnemoflow.agents.recall import FaultyTier, TierSpec, recall
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import Tuning, load_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
+from mnemoflow.projections.graph_tier import GraphSink, GraphTier
 from mnemoflow.projections.markdown import MarkdownSink
 from mnemoflow.projections.memory_store import LexicalTier, MemoryStore
 from mnemoflow.projections.vector_index import IndexMeta, open_index
@@ -65,6 +67,7 @@ class Pipeline:
     app: faust.App
     projector: MemoryLogProjector
     embedder: AsyncEmbedder | None = None
+    graph_sink: GraphSink | None = None
     tiers: list[TierSpec] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     last_input: float = 0.0  # monotonic time of the last input event: idle detection only
@@ -108,13 +111,21 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         sinks.append(VectorSink(index, embedder, store=store))
         store.name = f"lexical+vector:{embedder.version}"  # the retrievalVersion says which
         tiers.append(TierSpec(VectorTier(store, index, embedder), timeout_s=3.0))
+    graph_sink = None
+    if settings.graph:  # C-04 tier 3: only when the tiers before it found few hits
+        graph_sink = GraphSink(GraphState(), store=store)
+        sinks.append(graph_sink)
+        store.name += "+graph"
+        tiers.append(TierSpec(GraphTier(store, graph_sink.graph), timeout_s=1.0,
+                              only_when_fewer_than=tuning.rank.graph_when_fewer_than))
     tiers += extra_tiers or []
     projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), store, registry,
                                    settings.client_kwargs(), group=f"{settings.app_id}-projector",
                                    sinks=sinks)
-    pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector, embedder)
-    pipe.tiers = [TierSpec(FaultyTier(t.tier), t.timeout_s, t.only_when_fewer_than)
-                  if t.tier.name in settings.fault_tiers else t for t in tiers]
+    pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector, embedder,
+                    graph_sink)
+    pipe.tiers = [replace(t, tier=FaultyTier(t.tier)) if t.tier.name in settings.fault_tiers
+                  else t for t in tiers]
     _wire(pipe)
     return pipe
 
@@ -201,7 +212,8 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.timer(interval=s.consolidate_interval_s, on_leader=True)
     async def consolidate_when_idle() -> None:
-        """Idle-time consolidation (M-02 -> M-03/M-04): repeated episodes become candidates.
+        """Idle-time consolidation (M-02 -> M-03/M-04): repeated episodes become candidates,
+        and entities that keep co-occurring become graph links (C-04 tier 3).
 
         The wall clock only schedules it; what it writes depends on the memory-log alone
         (event time, ids derived from the inputs), so a rerun or a second worker adds nothing.
@@ -210,7 +222,8 @@ def _wire(pipe: Pipeline) -> None:
             return  # not idle: the stream comes first
         if not await pipe.projector.barrier(timeout=2.0):
             return
-        for mem in consolidate(pipe.store, pipe.store.latest_event_time):
+        links = pipe.graph_sink.take_proposals() if pipe.graph_sink else []
+        for mem in [*consolidate(pipe.store, pipe.store.latest_event_time), *links]:
             pipe.bump("consolidation-events")
             await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
 

@@ -36,6 +36,7 @@ def worker_env(settings: Settings, bootstrap: str) -> dict[str, str]:
                MNEMOFLOW_PARTITIONS=str(settings.partitions), MNEMOFLOW_STORE=settings.store)
     env["MNEMOFLOW_FAULT_TIERS"] = ",".join(settings.fault_tiers)
     env["MNEMOFLOW_VECTOR"] = "1" if settings.vector else "0"
+    env["MNEMOFLOW_GRAPH"] = "1" if settings.graph else "0"
     env["MNEMOFLOW_CONSOLIDATE_INTERVAL_S"] = str(settings.consolidate_interval_s)
     env["MNEMOFLOW_CONSOLIDATE_IDLE_S"] = str(settings.consolidate_idle_s)
     if settings.weights_file:

@@ -3,7 +3,8 @@
 This test found faust dropping records during the restarted worker's first rebalance (see
 streams/faust_app.py): before that fix about half of its runs lost recall requests.
 
-The workers here run with the vector layer off (invariant 9: recall still answers lexically).
+The workers here run with the vector and graph layers off (invariant 9: recall still answers
+lexically); graph links are proposed by an idle timer, so they too depend on timing.
 The recall barrier waits for the lexical projection only, so with vectors on, which items a
 packet holds would depend on how far embedding had got when the worker died; that timing is
 not what this test is about (see the issue note).
@@ -35,7 +36,8 @@ async def _phase1(s, bs) -> int:
 
 async def test_sigkill_mid_stream_gives_the_same_packets(kafka_bootstrap, tmp_path) -> None:
     # the uninterrupted run
-    a = isolated_settings(tmp_path, "crash-a", store="rocksdb://", vector=False)
+    a = isolated_settings(tmp_path, "crash-a", store="rocksdb://", vector=False,
+                          graph=False)
     wa = await _start(a, kafka_bootstrap)
     try:
         await _phase1(a, kafka_bootstrap)
@@ -45,7 +47,8 @@ async def test_sigkill_mid_stream_gives_the_same_packets(kafka_bootstrap, tmp_pa
         wa.stop()
 
     # the same input, with a SIGKILL while the questions are being processed
-    b = isolated_settings(tmp_path, "crash-b", store="rocksdb://", vector=False)
+    b = isolated_settings(tmp_path, "crash-b", store="rocksdb://", vector=False,
+                          graph=False)
     wb = await _start(b, kafka_bootstrap)
     killed_after = 0
     try:
@@ -69,7 +72,7 @@ async def test_sigkill_mid_stream_gives_the_same_packets(kafka_bootstrap, tmp_pa
     pa, pb = packets(ra), packets(rb)
     assert pa, "no packets: nothing was compared"
     tiers = {t for x in broker_audits(rb) for t in x["tiers"]}
-    assert "lexical" in tiers and "vector" not in tiers  # the optional layer really was off
+    assert "lexical" in tiers and not tiers & {"vector", "graph"}  # the optional layers were off
     assert pb == pa  # no packet lost, none different
     # duplicates only as byte-identical re-emissions that the inbox fold drops by opId
     ops_b = [op for op in rb["inbox"] if op["op"] == "inject"]

@@ -16,7 +16,7 @@ USERS = 8
 
 
 async def test_replay_gives_the_same_segments_and_packets(kafka_bootstrap, tmp_path) -> None:
-    s = isolated_settings(tmp_path, "replay", store="rocksdb://", vector=False)
+    s = isolated_settings(tmp_path, "replay", store="rocksdb://", vector=False, graph=False)
     w = await _start(s, kafka_bootstrap)
     try:
         sent = await _two_phase(s, kafka_bootstrap, USERS)

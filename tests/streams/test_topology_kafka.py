@@ -121,7 +121,7 @@ async def test_stale_request_is_dropped_and_audited(topo) -> None:
 
 
 async def test_failed_recall_produces_no_packet_and_no_session_event(kafka_bootstrap, tmp_path):
-    s = isolated_settings(tmp_path, "fail").with_overrides(fault_tiers=("lexical", "vector"))
+    s = isolated_settings(tmp_path, "fail").with_overrides(fault_tiers=("lexical", "vector", "graph"))
     w = await _start(s, kafka_bootstrap)
     try:
         sent = await _two_phase(s, kafka_bootstrap, 5)
