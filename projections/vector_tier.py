@@ -91,17 +91,31 @@ class VectorSink:
                                  "expires_at": ev["eventTime"] + ttl if ttl else 0})
 
     async def flush(self) -> int:
-        """Embed and write everything buffered; returns how many rows were written."""
+        """Embed and write what was buffered when the flush began; returns rows written.
+
+        Records that arrive meanwhile wait for the next flush, so a flush ends even on a busy
+        stream (the projector keeps folding while it runs). What could not be written stays
+        buffered for the next flush.
+        """
         loop = asyncio.get_running_loop()
+        todo, self.pending = self.pending, []
+        revoked, self.revoked = self.revoked, []
         n = 0
-        while self.pending:
-            rows, self.pending = self.pending[: self.batch], self.pending[self.batch:]
-            self._pending_ids.difference_update(r["memory_id"] for r in rows)
-            vecs = await self.embedder.embed([r["text"] for r in rows], self.timeout_s)
-            await loop.run_in_executor(None, self.index.add, rows, np.asarray(vecs))
-            n += len(rows)
-        for mid in self.revoked:
-            await loop.run_in_executor(None, self.index.revoke, mid)
-        self.revoked.clear()
-        self.written += n
+        try:
+            while todo:
+                rows = todo[: self.batch]
+                vecs = await self.embedder.embed([r["text"] for r in rows], self.timeout_s)
+                await loop.run_in_executor(None, self.index.add, rows, np.asarray(vecs))
+                todo = todo[self.batch:]
+                self._pending_ids.difference_update(r["memory_id"] for r in rows)
+                n += len(rows)
+            while revoked:
+                await loop.run_in_executor(None, self.index.revoke, revoked[0])
+                revoked.pop(0)
+        except BaseException:
+            self.pending = todo + self.pending
+            self.revoked = revoked + self.revoked
+            raise
+        finally:
+            self.written += n
         return n

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -59,6 +58,7 @@ class MemoryLogProjector:
         await self._offsets.start()
         self._offsets._client.add_topic(self.topic)  # so its metadata knows the partitions' leaders
         await self._offsets._client.force_metadata_update()
+        flushing: asyncio.Task[dict[TopicPartition, int] | None] | None = None
         try:
             tps = await topic_partitions(consumer, self.topic, attempts=600)
             consumer.assign(tps)
@@ -66,7 +66,7 @@ class MemoryLogProjector:
             for tp in tps:
                 self.applied[tp] = 0
             self._ready.set()
-            unflushed, last_flush = 0, time.monotonic()
+            unflushed = 0
             while True:
                 batch = await consumer.getmany(timeout_ms=200, max_records=2000)
                 for tp, msgs in batch.items():
@@ -83,22 +83,31 @@ class MemoryLogProjector:
                 async with self._progress:
                     self._progress.notify_all()
                 unflushed += sum(len(m) for m in batch.values())
-                # flush in chunks: when caught up, every 512 records, or every second
-                due = unflushed and (not batch or unflushed >= 512
-                                     or time.monotonic() - last_flush > 1.0)
-                if not due:
-                    continue
-                if not await self._flush_sinks():
-                    continue  # not committed: the next round retries
-                unflushed, last_flush = 0, time.monotonic()
-                if self.group:  # committed = fully projected (lexical and vector)
-                    await consumer.commit({tp: off for tp, off in self.applied.items()})
+                if flushing is not None and flushing.done():
+                    covered, flushing = flushing.result(), None
+                    if covered is None:
+                        unflushed = max(unflushed, 1)  # a sink failed: not committed, retry
+                    elif self.group:  # committed = fully projected (lexical and vector)
+                        await consumer.commit(covered)
+                # flush in the background whenever the previous flush is done: recall's barrier
+                # never waits behind embedding, and a busy stream batches by itself (whatever
+                # arrived during one flush is the next one's batch)
+                if unflushed and flushing is None:
+                    unflushed = 0
+                    flushing = asyncio.create_task(self._flush_sinks(dict(self.applied)))
         finally:
+            if flushing is not None:
+                flushing.cancel()
             await consumer.stop()
             await self._offsets.stop()
 
-    async def _flush_sinks(self) -> bool:
-        """Flush every projection; a failing one (vector, Markdown) never stops recall."""
+    async def _flush_sinks(self, applied: dict[TopicPartition, int]
+                           ) -> dict[TopicPartition, int] | None:
+        """Flush every projection; the offsets they now cover, or None if one failed.
+
+        A failing projection (vector, Markdown) never stops recall: the lexical store is
+        already current, and the next flush retries what was not written.
+        """
         ok = True
         for sink in self.sinks:
             try:
@@ -109,7 +118,7 @@ class MemoryLogProjector:
                 log.exception("projection %s failed; retrying with the next batch",
                               type(sink).__name__)
                 ok = False
-        return ok
+        return applied if ok else None
 
     async def barrier(self, timeout: float = 2.0) -> bool:
         """Wait until every record already in the log is applied; False on timeout or error.
