@@ -3,6 +3,11 @@
 activation = base*confidence + relevance + recency + frequency + salience - suppression
 (weights in tuning). Activation only orders candidates; it is not a truth score. Every
 candidate that is not kept carries the reason it was dropped.
+
+Relevance is the tiers' fused score scaled to [0, 1] by the best candidate. With
+`fusion = "rrf"` it is recall's reciprocal-rank fusion; with `"convex"` each tier's own score
+(BM25, cosine) is min-max scaled over that tier's hits and weighted by `tier_weights`: rank
+positions throw away how far ahead a strong match is, scores keep it.
 """
 
 from __future__ import annotations
@@ -41,9 +46,33 @@ def recency(c: Candidate, now_ms: int, half_life_ms: int) -> float:
     return math.pow(0.5, age / half_life_ms)
 
 
+def fused_relevance(candidates: Sequence[Candidate], t: RankTuning) -> dict[str, float]:
+    """memory id -> fused relevance, per `t.fusion` (see the module docstring)."""
+    if t.fusion == "rrf":
+        return {c.memory_id: c.relevance for c in candidates}
+    if t.fusion != "convex":
+        raise ValueError(f"unknown fusion {t.fusion!r}")
+    per = [dict(c.tier_scores) or {"": c.relevance} for c in candidates]
+    span: dict[str, tuple[float, float]] = {}
+    for scores in per:
+        for tier, x in scores.items():
+            lo, hi = span.get(tier, (x, x))
+            span[tier] = (min(lo, x), max(hi, x))
+    out: dict[str, float] = {}
+    for c, scores in zip(candidates, per, strict=True):
+        total = 0.0
+        for tier, x in scores.items():
+            lo, hi = span[tier]
+            total += t.tier_weights.get(tier, 1.0) * ((x - lo) / (hi - lo) if hi > lo else 1.0)
+        out[c.memory_id] = round(total, 9)
+    return out
+
+
 def activation(c: Candidate, request: dict[str, Any], max_rel: float, t: RankTuning,
-               suppressed: bool) -> float:
-    rel = c.relevance / max_rel if max_rel > 0 else 0.0
+               suppressed: bool, relevance: float | None = None) -> float:
+    """`relevance` is the fused score (rrf: the candidate's own), scaled here by `max_rel`."""
+    rel_raw = c.relevance if relevance is None else relevance
+    rel = rel_raw / max_rel if max_rel > 0 else 0.0
     window = request.get("timeWindow")
     in_window = bool(window) and window[0] <= c.event_time < window[1]
     return (t.base * c.confidence + t.relevance * rel
@@ -62,17 +91,19 @@ def rank(candidates: Sequence[Candidate], request: dict[str, Any], recent_digest
     visible = set(request.get("visibleDigests", ())) | {request["digest"]}
     ignored = set(request.get("ignoredDigests", ()))
     recent = set(recent_digests)
-    max_rel = max((c.relevance for c in candidates), default=0.0)
+    fused = fused_relevance(candidates, t)
+    max_rel = max(fused.values(), default=0.0)
     pre: list[Ranked] = []
     for c in candidates:
-        a = round(activation(c, request, max_rel, t, c.digest in ignored), 6)
+        rel = fused[c.memory_id]
+        a = round(activation(c, request, max_rel, t, c.digest in ignored, rel), 6)
         if (c.scope, c.owner) not in chain:
             outcome = "scope"
         elif c.expires_at is not None and c.expires_at <= now:
             outcome = "expired"
         elif c.memory_id == request["segmentId"] or c.digest in visible:
             outcome = "visible"
-        elif max_rel > 0 and c.relevance / max_rel < t.min_relevance:
+        elif max_rel > 0 and rel / max_rel < t.min_relevance:
             outcome = "low-relevance"
         else:
             outcome = ""

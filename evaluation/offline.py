@@ -144,7 +144,7 @@ def build_world(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bo
                 embedder: Embedder | None = None, lancedb_dir: Path | None = None) -> World:
     """Observe the haystack, fold the memory-log, embed and index it (as the worker would)."""
     t0 = time.monotonic()
-    store = MemoryStore()
+    store = MemoryStore(index=tuning.index)
     events: list[dict[str, Any]] = []
     for recs in haystack_records(bench, mode):
         state = ObserverState.from_json(None, tuning.gate.window_cap, tuning.gate.window_ms)
@@ -166,7 +166,8 @@ def build_world(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bo
             world.index = open_index(lancedb_dir, IndexMeta(inner.name, inner.dim, inner.version))
         else:
             world.index = ArrayIndex()
-        sink = VectorSink(world.index, world.embedder, batch=512, timeout_s=3600.0)
+        sink = VectorSink(world.index, world.embedder, batch=512, timeout_s=3600.0,
+                          context_weight=tuning.index.vector_context_weight)
         for ev in events:
             sink.on_event(ev)
         asyncio.run(sink.flush())

@@ -3,6 +3,11 @@
 It is a fold: `apply(event)` for each memory-log record in log order, idempotent by eventId,
 so it can be dropped and rebuilt from the topic at any time. Revocation removes a memory
 from every index at once, so it can never be recalled again.
+
+A conversational segment is indexed with its session's previous segment as lexical context
+(IndexTuning.context_weight): an answer ("The Minnesota Wolves!") is found by the words of
+the question it answers. The previous segment always precedes it in the log, so a rebuild
+gives the same index; a revoked segment stops being anyone's context.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
 from mnemoflow.agents.text import digest, semantic_key
+from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 
 REVOKE_OPS = {"memory_revoked", "fact_revoked", "procedure_deprecated"}
 
@@ -58,9 +64,15 @@ class MemoryRecord:
 class MemoryStore:
     """Records by memory id, the lexical index over the live ones, and the build generation."""
 
-    def __init__(self, name: str = "lexical", generation: int = 1) -> None:
+    def __init__(self, name: str = "lexical", generation: int = 1,
+                 index: IndexTuning | None = None) -> None:
+        self.index_tuning = index if index is not None else packaged_index_tuning()
+        t = self.index_tuning
         self.records: dict[str, MemoryRecord] = {}
-        self.lexical = LexicalIndex()
+        self.lexical = LexicalIndex(t.bm25_k1, t.bm25_b, t.context_weight, t.context_max_terms)
+        self._last_segment: dict[str, str] = {}  # session id -> its latest segment's memory id
+        self._context_of: dict[str, str] = {}  # memory id -> the segment indexed as its context
+        self._next_of: dict[str, str] = {}  # memory id -> the segment it is context for
         self._applied: set[str] = set()
         self.name = name
         self.generation = generation
@@ -111,11 +123,34 @@ class MemoryStore:
         return True
 
     def _index(self, rec: MemoryRecord) -> None:
+        new = rec.memory_id not in self.records
         self.records[rec.memory_id] = rec
         self.by_owner.setdefault((rec.scope, rec.owner), set()).add(rec.memory_id)
-        if rec.text:
-            self.lexical.add(LexicalDoc(rec.memory_id, rec.text, rec.scope, rec.owner,
-                                        rec.entities))
+        if rec.kind == "segment" and new:  # a re-recorded segment keeps its first context
+            prev = self._live_segment(self._last_segment.get(rec.session_id))
+            if prev is not None:
+                self._context_of[rec.memory_id] = prev
+                self._next_of[prev] = rec.memory_id
+            self._last_segment[rec.session_id] = rec.memory_id
+        self._add_doc(rec)
+
+    def _live_segment(self, mid: str | None) -> str | None:
+        """`mid`, or the nearest segment before it in its session that is not revoked."""
+        while mid is not None and (rec := self.records.get(mid)) is not None and rec.revoked:
+            mid = self._context_of.get(mid)
+        return mid
+
+    def _add_doc(self, rec: MemoryRecord) -> None:
+        if not rec.text:
+            return
+        prev = self.context_of(rec.memory_id)
+        self.lexical.add(LexicalDoc(rec.memory_id, rec.text, rec.scope, rec.owner, rec.entities,
+                                    prev.text if prev is not None else ""))
+
+    def context_of(self, memory_id: str) -> MemoryRecord | None:
+        """The segment a segment is indexed with as context: its session's previous live one."""
+        prev = self.records.get(self._live_segment(self._context_of.get(memory_id)) or "")
+        return prev if prev is not None and not prev.revoked else None
 
     def _revoke(self, mid: str, why: str) -> None:
         old = self.records.get(mid)
@@ -123,6 +158,17 @@ class MemoryStore:
             self.records[mid] = replace(old, revoked=True,
                                         attributes={**old.attributes, "revokedBy": why})
             self.lexical.remove(mid)
+            nxt = self.records.get(self._next_of.pop(mid, ""))
+            if nxt is not None and not nxt.revoked and nxt.memory_id in self.lexical:
+                # the next segment now follows the one before the revoked one (as a rebuild
+                # from MEMORY.md, which omits revoked rows, would index it)
+                prev = self._live_segment(self._context_of.get(mid))
+                if prev is not None:
+                    self._context_of[nxt.memory_id] = prev
+                    self._next_of[prev] = nxt.memory_id
+                else:
+                    self._context_of.pop(nxt.memory_id, None)
+                self._add_doc(nxt)
 
     def _record(self, ev: dict[str, Any]) -> MemoryRecord:
         text = ev.get("text") or ""

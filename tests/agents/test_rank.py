@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mnemoflow.agents.rank import rank
+import pytest
+
+from mnemoflow.agents.rank import fused_relevance, rank
 from mnemoflow.agents.tuning import load_tuning
 
 from factories import T0, candidate, request
@@ -63,3 +65,32 @@ def test_rank_is_deterministic() -> None:
     a = rank(cands, request(), [], "v", TUNING)
     b = rank(list(reversed(cands)), request(), [], "v", TUNING)
     assert a == b
+
+
+def _fused(name: str, lex: float | None, vec: float | None):
+    scores = tuple((t, s) for t, s in (("lexical", lex), ("vector", vec)) if s is not None)
+    return replace(candidate(name, f"memory text {name}", 0.0), tier_scores=scores,
+                   tiers=tuple(t for t, _ in scores))
+
+
+def test_convex_fusion_min_max_scales_each_tier_and_weights_them() -> None:
+    cands = [_fused("a", 10.0, 0.1), _fused("b", 2.0, 0.9), _fused("c", 1.0, None),
+             _fused("d", None, 0.5)]
+    t = replace(TUNING, fusion="convex", tier_weights={"lexical": 0.6, "vector": 0.4})
+    got = fused_relevance(cands, t)
+    assert got["a"] == pytest.approx(0.6 * 1.0 + 0.4 * 0.0)
+    assert got["b"] == pytest.approx(0.6 * (1.0 / 9.0) + 0.4 * 1.0)
+    assert got["c"] == pytest.approx(0.0)
+    assert got["d"] == pytest.approx(0.4 * 0.5)
+    lexical_only = replace(t, tier_weights={"lexical": 1.0, "vector": 0.0})
+    res = rank(cands, request(), [], "v", replace(lexical_only, recency=0.0, salience=0.0))
+    assert [r.candidate.memory_id for r in res.ordered][:3] == ["a", "b", "c"]
+
+
+def test_rrf_fusion_uses_recalls_relevance_and_unknown_fusion_is_refused() -> None:
+    cands = [replace(_fused("a", 10.0, None), relevance=0.02),
+             replace(_fused("b", None, 0.9), relevance=0.03)]
+    assert fused_relevance(cands, TUNING if TUNING.fusion == "rrf"
+                           else replace(TUNING, fusion="rrf")) == {"a": 0.02, "b": 0.03}
+    with pytest.raises(ValueError):
+        fused_relevance(cands, replace(TUNING, fusion="max"))

@@ -1,0 +1,92 @@
+"""VectorSink: a segment's vector carries its session's previous live turn as context."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mnemoflow.evaluation.array_index import ArrayIndex
+from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.vector_tier import VectorSink, blend
+
+T0 = 1_700_000_000_000
+
+
+class HashEmbedder:
+    name, dim, version = "hash", 16, "1"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.array([[b - 128 for b in hashlib.sha256(t.encode()).digest()[:16]]
+                        for t in texts], dtype=np.float32).reshape(len(texts), 16)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+EMB = HashEmbedder()
+
+
+def seg(mid: str, sid: str, text: str, seq: int) -> dict[str, Any]:
+    return {"op": "segment_recorded", "memoryId": mid, "kind": "segment", "text": text,
+            "scope": "User", "owner": "u", "sessionId": sid, "eventSeq": seq,
+            "eventTime": T0 + seq, "ttlMs": None}
+
+
+def own(text: str) -> np.ndarray:
+    return EMB.embed([text])[0]
+
+
+def run(events: list[dict[str, Any]], weight: float = 0.5,
+        index: ArrayIndex | None = None) -> ArrayIndex:
+    index = index or ArrayIndex()
+
+    async def go() -> None:
+        async with AsyncEmbedder(EMB) as emb:
+            sink = VectorSink(index, emb, batch=2, context_weight=weight)
+            for ev in events:
+                sink.on_event(ev)
+            await sink.flush()
+
+    asyncio.run(go())
+    return index
+
+
+LOG = [seg("a", "s1", "Which team did you sign with?", 1), seg("b", "s1", "The Wolves!", 2),
+       seg("c", "s1", "Congrats, when do you start?", 3), seg("x", "s2", "Unrelated chat", 1)]
+
+
+def test_blend_is_normalised_and_own_without_context() -> None:
+    v = blend(own("a"), own("b"), 0.5)
+    assert np.linalg.norm(v) == pytest.approx(1.0, abs=1e-6)
+    assert np.allclose(v, (own("a") + 0.5 * own("b")) / np.linalg.norm(own("a") + 0.5 * own("b")))
+    assert np.array_equal(blend(own("a"), None, 0.5), own("a"))
+    assert np.array_equal(blend(own("a"), own("b"), 0.0), own("a"))
+
+
+def test_each_segment_is_blended_with_the_previous_turn_of_its_session() -> None:
+    idx = run(LOG)
+    assert np.allclose(idx.vector("a"), own(LOG[0]["text"]))  # first of its session
+    assert np.allclose(idx.vector("b"), blend(own(LOG[1]["text"]), own(LOG[0]["text"]), 0.5))
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[1]["text"]), 0.5))
+    assert np.allclose(idx.vector("x"), own(LOG[3]["text"]))  # sessions never share context
+    plain = run(LOG, weight=0.0)
+    assert all(np.allclose(plain.vector(e["memoryId"]), own(e["text"])) for e in LOG)
+
+
+def test_revoking_a_turn_re_embeds_the_next_with_the_turn_before() -> None:
+    revoke = {**LOG[1], "op": "memory_revoked"}
+    idx = run(LOG + [revoke])
+    assert idx.vector("b") is None
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[0]["text"]), 0.5))
+    # the same as a rebuild that never saw the revoked turn
+    rebuilt = run([LOG[0], LOG[2], LOG[3]])
+    assert np.allclose(rebuilt.vector("c"), idx.vector("c"))
+
+
+def test_a_restarted_sink_rebuilds_the_context_from_the_replayed_log() -> None:
+    idx = run(LOG[:2])  # first run: a and b written
+    run(LOG, index=idx)  # restart: the whole log again, only c and x are new
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[1]["text"]), 0.5))
+    assert len(idx) == 4
