@@ -30,6 +30,7 @@ class Candidate:
     risk_level: str | None = None
     tiers: tuple[str, ...] = ()
     tier_scores: tuple[tuple[str, float], ...] = ()  # each tier's own score, before fusion
+    follows: str | None = None  # memory id of the turn this segment answers (same session)
 
     def with_tier(self, tier: str, relevance: float | None = None,
                   score: float | None = None) -> Candidate:

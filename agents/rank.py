@@ -7,7 +7,11 @@ candidate that is not kept carries the reason it was dropped.
 Relevance is the tiers' fused score scaled to [0, 1] by the best candidate. With
 `fusion = "rrf"` it is recall's reciprocal-rank fusion; with `"convex"` each tier's own score
 (BM25, cosine) is min-max scaled over that tier's hits and weighted by `tier_weights`: rank
-positions throw away how far ahead a strong match is, scores keep it.
+positions throw away how far ahead a strong match is, scores keep it. Two structure
+bonuses then use the conversation's shape: a turn gains `next_weight` times the relevance of
+the candidate that follows it in its session (the answer to a question points back at the
+question), and `session_weight` times the sum of its session's two best relevances (a session
+about the topic holds more than one hit).
 """
 
 from __future__ import annotations
@@ -68,6 +72,31 @@ def fused_relevance(candidates: Sequence[Candidate], t: RankTuning) -> dict[str,
     return out
 
 
+SESSION_TOP = 2  # a session's score: the sum of its best SESSION_TOP scaled relevances
+
+
+def structured_relevance(candidates: Sequence[Candidate], fused: dict[str, float],
+                         t: RankTuning) -> dict[str, float]:
+    """Fused relevance scaled to [0, 1], plus the next-turn and session bonuses of `t`."""
+    top = max(fused.values(), default=0.0)
+    if top <= 0 or (t.next_weight == 0 and t.session_weight == 0):
+        return fused
+    rel = {m: v / top for m, v in fused.items()}
+    out = dict(rel)
+    if t.next_weight:
+        for c in candidates:
+            if c.follows is not None and c.follows in rel:
+                out[c.follows] += t.next_weight * rel[c.memory_id]
+    if t.session_weight:
+        best: dict[str, list[float]] = {}
+        for c in candidates:
+            best.setdefault(c.session_id, []).append(rel[c.memory_id])
+        score = {s: sum(sorted(v, reverse=True)[:SESSION_TOP]) for s, v in best.items()}
+        for c in candidates:
+            out[c.memory_id] += t.session_weight * score[c.session_id]
+    return {m: round(v, 9) for m, v in out.items()}
+
+
 def activation(c: Candidate, request: dict[str, Any], max_rel: float, t: RankTuning,
                suppressed: bool, relevance: float | None = None) -> float:
     """`relevance` is the fused score (rrf: the candidate's own), scaled here by `max_rel`."""
@@ -91,7 +120,7 @@ def rank(candidates: Sequence[Candidate], request: dict[str, Any], recent_digest
     visible = set(request.get("visibleDigests", ())) | {request["digest"]}
     ignored = set(request.get("ignoredDigests", ()))
     recent = set(recent_digests)
-    fused = fused_relevance(candidates, t)
+    fused = structured_relevance(candidates, fused_relevance(candidates, t), t)
     max_rel = max(fused.values(), default=0.0)
     pre: list[Ranked] = []
     for c in candidates:

@@ -53,6 +53,11 @@ class RankTuning:
     # "convex" sums tier_weights[tier] * the tier's own score min-max scaled over its hits
     fusion: str = "rrf"
     tier_weights: dict[str, float] = field(default_factory=dict)  # missing tier: weight 1
+    # structure bonuses on the scaled relevance: a turn gains next_weight * the relevance of
+    # the turn that follows it (a question is found through its answer), and
+    # session_weight * the summed relevance of its session's two best candidates
+    next_weight: float = 0.0
+    session_weight: float = 0.0
 
 
 @dataclass(frozen=True)

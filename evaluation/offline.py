@@ -140,19 +140,43 @@ class World:
             self.embedder.close(wait=False)
 
 
-def build_world(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bool = True,
-                embedder: Embedder | None = None, lancedb_dir: Path | None = None) -> World:
-    """Observe the haystack, fold the memory-log, embed and index it (as the worker would)."""
-    t0 = time.monotonic()
-    store = MemoryStore(index=tuning.index)
+def observe_haystack(bench: Benchmark, tuning: Tuning, mode: str = "soft") -> list[dict[str, Any]]:
+    """The memory-log the observer writes for the haystack, in log order per session."""
     events: list[dict[str, Any]] = []
     for recs in haystack_records(bench, mode):
         state = ObserverState.from_json(None, tuning.gate.window_cap, tuning.gate.window_ms)
         for rec in recs:
             state, obs = observe(state, "session-events", rec)
             events.extend(obs.memory_events)
+    return events
+
+
+def fold_store(events: Sequence[dict[str, Any]], tuning: Tuning) -> MemoryStore:
+    store = MemoryStore(index=tuning.index)
     for ev in events:
         store.apply(ev)
+    return store
+
+
+def build_vectors(events: Sequence[dict[str, Any]], tuning: Tuning, embedder: AsyncEmbedder,
+                  index: Any = None) -> Any:
+    """Feed the memory-log to a VectorSink over `index` (an ArrayIndex by default)."""
+    index = index if index is not None else ArrayIndex()
+    sink = VectorSink(index, embedder, batch=512, timeout_s=3600.0,
+                      context_weight=tuning.index.vector_context_weight)
+    for ev in events:
+        sink.on_event(ev)
+    asyncio.run(sink.flush())
+    return index
+
+
+def build_world(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bool = True,
+                embedder: Embedder | None = None, lancedb_dir: Path | None = None,
+                events: list[dict[str, Any]] | None = None) -> World:
+    """Observe the haystack, fold the memory-log, embed and index it (as the worker would)."""
+    t0 = time.monotonic()
+    events = events if events is not None else observe_haystack(bench, tuning, mode)
+    store = fold_store(events, tuning)
     world = World(bench, tuning, mode, store, events)
     world.tiers = [TierSpec(LexicalTier(store), timeout_s=2.0)]
     world.wall_s["observe_fold"] = time.monotonic() - t0
@@ -160,17 +184,14 @@ def build_world(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bo
         t1 = time.monotonic()
         inner = embedder or default_embedder()
         world.embedder = AsyncEmbedder(inner)
+        index = None
         if lancedb_dir is not None:
             from mnemoflow.projections.vector_index import IndexMeta, open_index
 
-            world.index = open_index(lancedb_dir, IndexMeta(inner.name, inner.dim, inner.version))
-        else:
-            world.index = ArrayIndex()
-        sink = VectorSink(world.index, world.embedder, batch=512, timeout_s=3600.0,
-                          context_weight=tuning.index.vector_context_weight)
-        for ev in events:
-            sink.on_event(ev)
-        asyncio.run(sink.flush())
+            index = open_index(lancedb_dir, IndexMeta(inner.name, inner.dim, inner.version))
+        world.index = build_vectors(events, tuning, world.embedder, index)
+        # the questions in one batch: the tier's per-query embeds are then cache hits
+        inner.embed(sorted({q.text for q in bench.questions}))
         store.name = f"lexical+vector:{inner.version}"  # as the worker names a vector build
         world.tiers.append(TierSpec(VectorTier(store, world.index, world.embedder),
                                     timeout_s=3.0))

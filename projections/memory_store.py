@@ -147,6 +147,12 @@ class MemoryStore:
         self.lexical.add(LexicalDoc(rec.memory_id, rec.text, rec.scope, rec.owner, rec.entities,
                                     prev.text if prev is not None else ""))
 
+    def candidate(self, rec: MemoryRecord, relevance: float) -> Candidate:
+        """The record as a recall candidate, with the live segment it follows (rank uses it)."""
+        c = rec.candidate(relevance)
+        prev = self.context_of(rec.memory_id) if rec.kind == "segment" else None
+        return replace(c, follows=prev.memory_id) if prev is not None else c
+
     def context_of(self, memory_id: str) -> MemoryRecord | None:
         """The segment a segment is indexed with as context: its session's previous live one."""
         prev = self.records.get(self._live_segment(self._context_of.get(memory_id)) or "")
@@ -241,7 +247,7 @@ class MemoryStore:
         for doc_id, score, _via in hits:
             rec = self.records.get(doc_id)
             if rec is not None and not rec.revoked and rec.event_time < now:
-                out.append(rec.candidate(score))
+                out.append(self.candidate(rec, score))
         return out[:k]
 
 

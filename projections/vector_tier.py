@@ -67,7 +67,7 @@ class VectorTier:
         for mid, sim in hits:
             rec = self.store.records.get(mid)
             if rec is not None and not rec.revoked and mid not in out:
-                out[mid] = rec.candidate(sim)
+                out[mid] = self.store.candidate(rec, sim)
         return list(out.values())
 
 

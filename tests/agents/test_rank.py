@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from mnemoflow.agents.rank import fused_relevance, rank
+from mnemoflow.agents.rank import fused_relevance, rank, structured_relevance
 from mnemoflow.agents.tuning import load_tuning
 
 from factories import T0, candidate, request
@@ -94,3 +94,31 @@ def test_rrf_fusion_uses_recalls_relevance_and_unknown_fusion_is_refused() -> No
                            else replace(TUNING, fusion="rrf")) == {"a": 0.02, "b": 0.03}
     with pytest.raises(ValueError):
         fused_relevance(cands, replace(TUNING, fusion="max"))
+
+
+def _turn(name: str, rel: float, session: str = "s1", follows: str | None = None):
+    return replace(candidate(name, f"turn {name}", rel, session_id=session), follows=follows)
+
+
+def test_next_turn_bonus_lifts_the_turn_an_answer_follows() -> None:
+    cands = [_turn("q", 0.4), _turn("a", 1.0, follows="q"), _turn("z", 0.5)]
+    t = replace(TUNING, fusion="rrf", recency=0.0, salience=0.0, session_weight=0.0)
+    plain = [r.candidate.memory_id for r in rank(cands, request(), [], "v",
+                                                 replace(t, next_weight=0.0)).ordered]
+    lifted = [r.candidate.memory_id for r in rank(cands, request(), [], "v",
+                                                  replace(t, next_weight=0.3)).ordered]
+    assert plain == ["a", "z", "q"] and lifted == ["a", "q", "z"]
+
+
+def test_session_bonus_adds_the_sessions_two_best_relevances() -> None:
+    cands = [_turn("a", 1.0, "s1"), _turn("b", 0.5, "s1"), _turn("c", 0.2, "s1"),
+             _turn("d", 0.6, "s2")]
+    t = replace(TUNING, fusion="rrf", next_weight=0.0, session_weight=0.5)
+    got = structured_relevance(cands, fused_relevance(cands, t), t)
+    assert got["b"] == pytest.approx(0.5 + 0.5 * 1.5)  # s1's best two: 1.0 + 0.5
+    assert got["d"] == pytest.approx(0.6 + 0.5 * 0.6)
+    res = rank(cands, request(), [], "v", replace(t, recency=0.0, salience=0.0))
+    assert [r.candidate.memory_id for r in res.ordered][:2] == ["a", "b"]
+    off = replace(t, session_weight=0.0)
+    assert structured_relevance(cands, fused_relevance(cands, off), off) == \
+        fused_relevance(cands, off)

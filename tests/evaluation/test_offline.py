@@ -12,11 +12,12 @@ import numpy as np
 from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.evaluation import offline
 from mnemoflow.evaluation.array_index import ArrayIndex
-from mnemoflow.evaluation.datasets import Benchmark, Question, Session, Turn
 from mnemoflow.evaluation.embed_cache import DiskCachedEmbedder
 from mnemoflow.projections.vector_index import IndexMeta, open_index
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.host import HostSession
+
+from factories import tiny_bench
 
 DAY = 86_400_000
 T0 = 1_680_000_000_000
@@ -114,24 +115,8 @@ def test_disk_cache_embeds_each_text_once_across_instances(tmp_path: Path) -> No
     assert np.array_equal(again, first[[3, 0, 1]])
 
 
-def _bench() -> Benchmark:
-    s1 = Session("u", "D1", T0, (
-        Turn("user", "Ana: I adopted a grey cat named Miso last spring.", "D1:1"),
-        Turn("user", "Ben: How lovely, does Miso like the garden?", "D1:2"),
-        Turn("user", "Ana: She mostly sleeps on the piano.", "D1:3")))
-    s2 = Session("u", "D2", T0 + 3 * DAY, (
-        Turn("user", "Ben: I started a pottery class at the community centre.", "D2:1"),
-        Turn("user", "Ana: Pottery sounds relaxing, what did you make?", "D2:2")))
-    other = Session("v", "D1", T0, (Turn("user", "Cal: My cat is named Miso too.", "D1:1"),))
-    qs = [Question("u/q0", "u", "What is the name of Ana's cat?", T0 + 10 * DAY, "1",
-                   frozenset({"D1:1"}), frozenset({"D1"})),
-          Question("u/q1", "u", "What class did Ben start?", T0 + 10 * DAY + 60_000, "1",
-                   frozenset({"D2:1"}), frozenset({"D2"}))]
-    return Benchmark("locomo", [s1, s2, other], qs)
-
-
 def test_lexical_replay_finds_the_evidence_and_never_another_users_memory() -> None:
-    bench = _bench()
+    bench = tiny_bench()
     world = offline.build_world(bench, load_tuning(), vector=False)
     asked = offline.ask_all(world)
     assert {a.gate_action for a in asked.values()} <= {"retrieve", "prefetch"}

@@ -141,3 +141,13 @@ def test_context_index_is_the_same_after_a_rebuild_without_revoked_rows() -> Non
     for q in ("repainted kitchen", "two weekends", "wifi"):
         assert [(c.memory_id, c.relevance) for c in a.search_lexical(_req(q), 5)] == \
             [(c.memory_id, c.relevance) for c in b.search_lexical(_req(q), 5)]
+
+
+def test_candidates_name_the_turn_they_follow() -> None:
+    s = _ctx_store()
+    evs = _events(["Which team did you sign with?", "The Minnesota Wolves, I start in May."])
+    for e in evs:
+        s.apply(e)
+    hits = {c.memory_id: c for c in s.search_lexical(_req("minnesota wolves team"), 5)}
+    assert hits[evs[1]["memoryId"]].follows == evs[0]["memoryId"]
+    assert hits[evs[0]["memoryId"]].follows is None

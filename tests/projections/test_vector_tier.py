@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -13,16 +12,9 @@ from mnemoflow.evaluation.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder
 from mnemoflow.projections.vector_tier import VectorSink, blend
 
+from factories import HashEmbedder
+
 T0 = 1_700_000_000_000
-
-
-class HashEmbedder:
-    name, dim, version = "hash", 16, "1"
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        out = np.array([[b - 128 for b in hashlib.sha256(t.encode()).digest()[:16]]
-                        for t in texts], dtype=np.float32).reshape(len(texts), 16)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
 EMB = HashEmbedder()
