@@ -75,6 +75,10 @@ class IndexTuning:
     context_weight: float = 0.0
     context_max_terms: int = 64
     vector_context_weight: float = 0.0
+    # embed only the first this-many characters of a memory (0: all; MiniLM stops at 256
+    # word pieces anyway): long assistant turns cost ~20x a short turn to embed, and the
+    # model was trained on 128-piece inputs, so the head carries most of what it can use
+    embed_max_chars: int = 0
 
 
 @dataclass(frozen=True)

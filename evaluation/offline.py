@@ -163,7 +163,8 @@ def build_vectors(events: Sequence[dict[str, Any]], tuning: Tuning, embedder: As
     """Feed the memory-log to a VectorSink over `index` (an ArrayIndex by default)."""
     index = index if index is not None else ArrayIndex()
     sink = VectorSink(index, embedder, batch=512, timeout_s=3600.0,
-                      context_weight=tuning.index.vector_context_weight)
+                      context_weight=tuning.index.vector_context_weight,
+                      embed_max_chars=tuning.index.embed_max_chars)
     for ev in events:
         sink.on_event(ev)
     asyncio.run(sink.flush())

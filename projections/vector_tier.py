@@ -35,6 +35,19 @@ def _default_context_weight() -> float:
     return packaged_index_tuning().vector_context_weight
 
 
+def _default_embed_max_chars() -> int:
+    return packaged_index_tuning().embed_max_chars
+
+
+def head(text: str, max_chars: int) -> str:
+    """The text MiniLM embeds: at most `max_chars` characters (0: all), cut at a space."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    cut = text[:max_chars]
+    space = cut.rfind(" ")
+    return cut[:space] if space > max_chars // 2 else cut
+
+
 def blend(own: np.ndarray, context: np.ndarray | None, weight: float) -> np.ndarray:
     """normalise(own + weight * context); the own vector alone when there is no context."""
     if context is None or weight <= 0:
@@ -85,6 +98,7 @@ class VectorSink:
     batch: int = 64
     timeout_s: float = 600.0
     context_weight: float = field(default_factory=_default_context_weight)
+    embed_max_chars: int = field(default_factory=_default_embed_max_chars)
     pending: list[dict[str, Any]] = field(default_factory=list)
     revoked: list[str] = field(default_factory=list)
     written: int = 0
@@ -159,8 +173,9 @@ class VectorSink:
 
     async def _write(self, rows: list[dict[str, Any]]) -> None:
         use = self.context_weight > 0
-        texts = [r["text"] for r in rows]
-        ctx = [r["context_text"] for r in rows if use and r.get("context_text")]
+        texts = [head(r["text"], self.embed_max_chars) for r in rows]
+        ctx = [head(r["context_text"], self.embed_max_chars)
+               for r in rows if use and r.get("context_text")]
         vecs = np.asarray(await self.embedder.embed(texts + ctx, self.timeout_s))
         ctx_vecs = iter(vecs[len(rows):])
         out = np.stack([blend(v, next(ctx_vecs) if use and r.get("context_text") else None,

@@ -10,7 +10,7 @@ import pytest
 
 from mnemoflow.evaluation.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder
-from mnemoflow.projections.vector_tier import VectorSink, blend
+from mnemoflow.projections.vector_tier import VectorSink, blend, head
 
 from factories import HashEmbedder
 
@@ -82,3 +82,20 @@ def test_a_restarted_sink_rebuilds_the_context_from_the_replayed_log() -> None:
     run(LOG, index=idx)  # restart: the whole log again, only c and x are new
     assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[1]["text"]), 0.5))
     assert len(idx) == 4
+
+
+def test_only_the_head_of_a_long_memory_is_embedded() -> None:
+    assert head("short text", 0) == "short text"
+    assert head("alpha beta gamma delta", 14) == "alpha beta"  # cut at the last space
+    assert head("x" * 40, 10) == "x" * 10  # no space: a hard cut
+    long = "word " * 200
+    idx = ArrayIndex()
+
+    async def go() -> None:
+        async with AsyncEmbedder(EMB) as emb:
+            sink = VectorSink(idx, emb, context_weight=0.0, embed_max_chars=50)
+            sink.on_event(seg("l", "s9", long, 1))
+            await sink.flush()
+
+    asyncio.run(go())
+    assert np.allclose(idx.vector("l"), own(head(long, 50)))
