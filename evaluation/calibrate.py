@@ -330,6 +330,43 @@ def cross_validate(preps: list[Prepared], start: Tuning, space: dict[str, list[A
                                 for n, d in pooled.items()}}
 
 
+def render(report: dict[str, Any]) -> str:
+    """Markdown tables of a calibration.json: per-fold train / held-out and the pooled figure."""
+    lines = ["| fold | held out | objective train | objective held-out | "
+             "LoCoMo tr@10 train / held-out | LME_S tr@10 train / held-out | "
+             "LME_S sa@5 held-out |", "|---|---|---|---|---|---|---|"]
+    cv = report.get("cross_validation", {})
+    for f in cv.get("folds", []):
+        lo = f["held_out"].get("locomo", {})
+        tr, te = f["train"], f["held_out_scores"]
+        lines.append(
+            f"| {f['fold']} | {', '.join(lo.get('users') or [])} + LME fold {f['fold']} | "
+            f"{f['objective_train']:.3f} | {f['objective_held_out']:.3f} | "
+            f"{tr['locomo']['turn_recall@10']:.3f} / {te['locomo']['turn_recall@10']:.3f} | "
+            f"{tr['longmemeval_s']['turn_recall@10']:.3f} / "
+            f"{te['longmemeval_s']['turn_recall@10']:.3f} | "
+            f"{te['longmemeval_s'].get('session_recall_any@5', float('nan')):.3f} |")
+    lines.append("")
+    if cv.get("pooled_held_out"):
+        lines += ["Pooled held-out (every question scored by weights not tuned on it):", "",
+                  "| benchmark | " + " | ".join(f"tr@{k}" for k in KS) + " | sa@5 | sa@10 |",
+                  "|---|" + "---|" * (len(KS) + 2)]
+        for name, sc in cv["pooled_held_out"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{sc.get(f'turn_recall@{k}', float('nan')):.3f}" for k in KS) + " | "
+                + " | ".join(f"{sc.get(f'session_recall_any@{k}', float('nan')):.3f}"
+                             for k in (5, 10)) + " |")
+        lines.append("")
+    lines += ["Knobs chosen per fold and on all dev questions:", "",
+              "| knob | start | " + " | ".join(f"fold {f['fold']}" for f in cv.get("folds", []))
+              + " | all dev |", "|---|---|" + "---|" * (len(cv.get("folds", [])) + 1)]
+    for knob in report["space"]:
+        lines.append(f"| {knob} | {report['start'].get(knob)} | " + " | ".join(
+            str(f["knobs"].get(knob)) for f in cv.get("folds", [])) + " | "
+            + str(report.get("final", {}).get(knob)) + " |")
+    return "\n".join(lines)
+
+
 def tuning_json(t: Tuning, calibration: dict[str, Any]) -> dict[str, Any]:
     d = t.to_dict()
     d.pop("source", None)
@@ -340,14 +377,20 @@ def tuning_json(t: Tuning, calibration: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mnemoflow.evaluation.calibrate",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--locomo", type=Path, required=True)
-    ap.add_argument("--longmemeval", type=Path, required=True, help="LongMemEval_S dev file")
+    ap.add_argument("--locomo", type=Path)
+    ap.add_argument("--longmemeval", type=Path, help="LongMemEval_S dev file")
     ap.add_argument("--roles", default="user", help="LongMemEval roles indexed (upstream: user)")
     ap.add_argument("--weights", type=Path, help="start from this tuning instead of the packaged")
     ap.add_argument("--no-cv", action="store_true", help="only the final search on all questions")
     ap.add_argument("--knobs", nargs="*", help="search only these knobs of SPACE")
-    ap.add_argument("--out", type=Path, required=True, help="folder for calibration.json")
+    ap.add_argument("--out", type=Path, help="folder for calibration.json and tuning.json")
+    ap.add_argument("--report", type=Path, help="only print the tables of a calibration.json")
     a = ap.parse_args(argv)
+    if a.report:
+        print(render(json.loads(a.report.read_text())))
+        return 0
+    if not (a.locomo and a.longmemeval and a.out):
+        ap.error("--locomo, --longmemeval and --out are required")
     start = load_tuning(a.weights)
     space = {k: v for k, v in SPACE.items() if not a.knobs or k in a.knobs}
     embedder = offline.default_embedder()

@@ -57,3 +57,18 @@ def test_search_never_returns_a_worse_objective_than_its_start() -> None:
     assert C.objective(split, best)[0] >= start_score
     assert trace[0]["objective"] == start_score
     assert C.get_knob(best, "rank.lexical_share") in (0.0, 0.5, 1.0)
+
+
+def test_render_lists_every_fold_and_knob() -> None:
+    sc = {"turn_recall@10": 0.5, "session_recall_any@5": 1.0}
+    fold = {"fold": 0, "held_out": {"locomo": {"questions": 3, "users": ["conv-26"]}},
+            "objective_train": 0.7, "objective_held_out": 0.6, "knobs": {"rank.base": 0.1},
+            "train": {"locomo": sc, "longmemeval_s": sc},
+            "held_out_scores": {"locomo": sc, "longmemeval_s": sc}}
+    report = {"space": {"rank.base": [0.0, 0.1]}, "start": {"rank.base": 0.0},
+              "final": {"rank.base": 0.1},
+              "cross_validation": {"folds": [fold], "pooled_held_out": {"locomo": sc}}}
+    text = C.render(report)
+    assert "| 0 | conv-26 + LME fold 0 | 0.700 | 0.600 |" in text
+    assert "| rank.base | 0.0 | 0.1 | 0.1 |" in text
+    assert "| locomo | nan | nan | nan | 0.500 | nan | 1.000 | nan |" in text
