@@ -51,13 +51,17 @@ def test_cross_packet_duplicates_are_dropped() -> None:
 
 
 def test_recency_and_time_window_order_ties() -> None:
-    old = candidate("old", "went hiking with Dana", 1.0, t=T0 - 300 * 86400_000)
-    new = candidate("new", "went hiking with Dana again", 1.0, t=T0 - 86400_000)
-    res = rank([old, new], request(), [], "v", TUNING)
-    assert [r.candidate.memory_id for r in res.ordered] == ["new", "old"]
+    # ids sort the old memory first, so only the recency term can put the new one ahead
+    old = candidate("a-old", "went hiking with Dana", 1.0, t=T0 - 300 * 86400_000)
+    new = candidate("b-new", "went hiking with Dana again", 1.0, t=T0 - 86400_000)
+    t = replace(TUNING, recency=0.15, time_window_bonus=0.3)
+    res = rank([old, new], request(), [], "v", t)
+    assert [r.candidate.memory_id for r in res.ordered] == ["b-new", "a-old"]
+    res = rank([old, new], request(), [], "v", replace(t, recency=0.0))
+    assert [r.candidate.memory_id for r in res.ordered] == ["a-old", "b-new"]
     win = request(timeWindow=[T0 - 301 * 86400_000, T0 - 299 * 86400_000])
-    res = rank([old, new], win, [], "v", TUNING)
-    assert res.ordered[0].candidate.memory_id == "old"
+    res = rank([old, new], win, [], "v", t)
+    assert res.ordered[0].candidate.memory_id == "a-old"
 
 
 def test_rank_is_deterministic() -> None:
