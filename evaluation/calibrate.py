@@ -8,8 +8,12 @@ Procedure (what `python -m mnemoflow.evaluation.calibrate` runs):
    questions are put in 5 folds stratified by question type (within a type, ordered by the
    SHA-256 of the question id and dealt round-robin). Fold k holds out LoCoMo conversation k
    and LongMemEval fold k together.
-3. Objective on a set of questions: the mean over the two benchmarks of turn recall@10
-   (abstention questions excluded, as in the reports); turn recall@5 breaks ties.
+3. Objective on a set of questions: turn recall@10 (abstention questions excluded, as in the
+   reports), averaged first within a benchmark family and then over families, so LoCoMo
+   weighs as much as LongMemEval; with `--oracle` the LongMemEval family is the mean of
+   LongMemEval_S (user turns) and the oracle variant (user and assistant turns, which the S
+   run does not index). Turn recall@5 breaks ties. The oracle shares its question ids with
+   S; folds are computed over the union of ids, so a question is held out in both at once.
 4. Search: coordinate ascent from the current tuning over a fixed grid (SPACE): each round
    tries every value of every knob with the others fixed and keeps the best (a change must
    gain at least MIN_GAIN, so ties keep the current value); at most ROUNDS rounds.
@@ -60,6 +64,7 @@ SPACE: dict[str, list[Any]] = {
     "rank.fusion": ["rrf", "convex"],
     "rank.lexical_share": [0.4, 0.5, 0.6, 0.7, 0.8],
     "index.context_weight": [0.0, 0.25, 0.5, 0.75, 1.0],
+    "index.context_max_terms": [16, 32, 64],
     "index.bm25_b": [0.3, 0.5, 0.75],
     "index.bm25_k1": [0.9, 1.2, 1.6],
     "index.vector_context_weight": [0.0, 0.25, 0.5, 0.75],
@@ -253,11 +258,20 @@ def evaluate(p: Prepared, qids: Sequence[str], t: Tuning) -> dict[str, float]:
 Split = list[tuple[Prepared, list[str]]]
 
 
+def family(name: str) -> str:
+    return name.split("_")[0]
+
+
+def _family_mean(per: dict[str, dict[str, float]], metric: str) -> float:
+    fams: dict[str, list[float]] = {}
+    for name, s in per.items():
+        fams.setdefault(family(name), []).append(s.get(metric, 0.0))
+    return float(np.mean([np.mean(v) for v in fams.values()]))
+
+
 def objective(split: Split, t: Tuning) -> tuple[float, float, dict[str, dict[str, float]]]:
     per = {p.name: evaluate(p, qids, t) for p, qids in split}
-    main = float(np.mean([s.get("turn_recall@10", 0.0) for s in per.values()]))
-    tie = float(np.mean([s.get("turn_recall@5", 0.0) for s in per.values()]))
-    return main, tie, per
+    return _family_mean(per, "turn_recall@10"), _family_mean(per, "turn_recall@5"), per
 
 
 def coordinate_search(split: Split, start: Tuning, space: dict[str, list[Any]],
@@ -334,7 +348,8 @@ def render(report: dict[str, Any]) -> str:
     """Markdown tables of a calibration.json: per-fold train / held-out and the pooled figure."""
     lines = ["| fold | held out | objective train | objective held-out | "
              "LoCoMo tr@10 train / held-out | LME_S tr@10 train / held-out | "
-             "LME_S sa@5 held-out |", "|---|---|---|---|---|---|---|"]
+             "LME_S sa@5 held-out | LME oracle tr@10 train / held-out |",
+             "|---|---|---|---|---|---|---|---|"]
     cv = report.get("cross_validation", {})
     for f in cv.get("folds", []):
         lo = f["held_out"].get("locomo", {})
@@ -345,7 +360,10 @@ def render(report: dict[str, Any]) -> str:
             f"{tr['locomo']['turn_recall@10']:.3f} / {te['locomo']['turn_recall@10']:.3f} | "
             f"{tr['longmemeval_s']['turn_recall@10']:.3f} / "
             f"{te['longmemeval_s']['turn_recall@10']:.3f} | "
-            f"{te['longmemeval_s'].get('session_recall_any@5', float('nan')):.3f} |")
+            f"{te['longmemeval_s'].get('session_recall_any@5', float('nan')):.3f} | "
+            + (f"{tr['longmemeval_oracle']['turn_recall@10']:.3f} / "
+               f"{te['longmemeval_oracle']['turn_recall@10']:.3f} |"
+               if "longmemeval_oracle" in tr else "– |"))
     lines.append("")
     if cv.get("pooled_held_out"):
         lines += ["Pooled held-out (every question scored by weights not tuned on it):", "",
@@ -379,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--locomo", type=Path)
     ap.add_argument("--longmemeval", type=Path, help="LongMemEval_S dev file")
-    ap.add_argument("--roles", default="user", help="LongMemEval roles indexed (upstream: user)")
+    ap.add_argument("--roles", default="user", help="LongMemEval_S roles indexed (upstream: user)")
+    ap.add_argument("--oracle", type=Path, help="LongMemEval oracle dev file (user + assistant)")
     ap.add_argument("--weights", type=Path, help="start from this tuning instead of the packaged")
     ap.add_argument("--no-cv", action="store_true", help="only the final search on all questions")
     ap.add_argument("--knobs", nargs="*", help="search only these knobs of SPACE")
@@ -396,13 +415,21 @@ def main(argv: list[str] | None = None) -> int:
     embedder = offline.default_embedder()
     lo = offline.load_bench("locomo", a.locomo)
     lme = offline.load_bench("longmemeval", a.longmemeval, roles=tuple(a.roles.split(",")))
+    ora = offline.load_bench("longmemeval", a.oracle) if a.oracle else None
+    lme_folds = folds_longmemeval(list({q.qid: q for q in lme.questions + (
+        ora.questions if ora else [])}.values()))
     preps = [prepare("locomo", lo, start, embedder, folds_locomo(lo.questions)),
-             prepare("longmemeval_s", lme, start, embedder, folds_longmemeval(lme.questions))]
+             prepare("longmemeval_s", lme, start, embedder,
+                     {q.qid: lme_folds[q.qid] for q in lme.questions})]
+    if ora is not None:
+        preps.append(prepare("longmemeval_oracle", ora, start, embedder,
+                             {q.qid: lme_folds[q.qid] for q in ora.questions}))
     a.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"command": "python -m mnemoflow.evaluation.calibrate " + " ".join(
         argv if argv is not None else __import__("sys").argv[1:]),
         "space": space, "start": knobs(start, space), "folds": FOLDS, "rounds": ROUNDS,
-        "objective": "mean over benchmarks of turn_recall@10 (tie: turn_recall@5)"}
+        "objective": "turn_recall@10 averaged within, then over benchmark families "
+                     "(LoCoMo; LongMemEval) (tie: turn_recall@5)"}
     if not a.no_cv:
         report["cross_validation"] = cross_validate(preps, start, space)
         (a.out / "calibration.json").write_text(json.dumps(report, indent=2))
