@@ -190,8 +190,9 @@ class VectorSink:
         loop = asyncio.get_running_loop()
         n = 0
         while self.pending:
-            rows, self.pending = self.pending[: self.batch], self.pending[self.batch:]
-            await self._write(rows)
+            rows = self.pending[: self.batch]
+            await self._write(rows)  # on failure the rows stay pending for the next flush
+            self.pending = self.pending[self.batch:]
             n += len(rows)
         self._pending_ids.clear()
         for mid in self.revoked:

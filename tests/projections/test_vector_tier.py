@@ -99,3 +99,31 @@ def test_only_the_head_of_a_long_memory_is_embedded() -> None:
 
     asyncio.run(go())
     assert np.allclose(idx.vector("l"), own(head(long, 50)))
+
+
+class FlakyEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        self.fail = True
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("embedder down")
+        return super().embed(texts)
+
+
+def test_rows_of_a_failed_flush_are_written_by_the_next() -> None:
+    idx = ArrayIndex()
+
+    async def go() -> None:
+        async with AsyncEmbedder(FlakyEmbedder()) as emb:
+            sink = VectorSink(idx, emb, context_weight=0.5)
+            for ev in LOG:
+                sink.on_event(ev)
+            with pytest.raises(RuntimeError):
+                await sink.flush()
+            assert len(idx) == 0
+            assert await sink.flush() == len(LOG)
+
+    asyncio.run(go())
+    assert np.allclose(idx.vector("b"), blend(own(LOG[1]["text"]), own(LOG[0]["text"]), 0.5))
