@@ -80,7 +80,9 @@ def _fused(name: str, lex: float | None, vec: float | None):
 def test_convex_fusion_min_max_scales_each_tier_and_weights_them() -> None:
     cands = [_fused("a", 10.0, 0.1), _fused("b", 2.0, 0.9), _fused("c", 1.0, None),
              _fused("d", None, 0.5)]
-    t = replace(TUNING, fusion="convex", tier_weights={"lexical": 0.6, "vector": 0.4})
+    # recall_k 2: both tiers returned full lists, so each scales from its weakest hit
+    t = replace(TUNING, fusion="convex", tier_weights={"lexical": 0.6, "vector": 0.4},
+                recall_k=2)
     got = fused_relevance(cands, t)
     assert got["a"] == pytest.approx(0.6 * 1.0 + 0.4 * 0.0)
     assert got["b"] == pytest.approx(0.6 * (1.0 / 9.0) + 0.4 * 1.0)
@@ -126,3 +128,20 @@ def test_session_bonus_adds_the_sessions_two_best_relevances() -> None:
     off = replace(t, session_weight=0.0)
     assert structured_relevance(cands, fused_relevance(cands, off), off) == \
         fused_relevance(cands, off)
+
+
+def test_a_short_tier_list_scales_from_zero_and_the_message_itself_sets_no_scale() -> None:
+    cands = [_fused("a", 5.0, 0.70), _fused("b", 4.9, 0.69)]
+    t = replace(TUNING, fusion="convex", tier_weights={"lexical": 0.6, "vector": 0.4},
+                recall_k=50, min_relevance=0.05, recency=0.0, salience=0.0, next_weight=0.0,
+                session_weight=0.0)
+    got = fused_relevance(cands, t)
+    assert got["b"] == pytest.approx(0.6 * 4.9 / 5.0 + 0.4 * 0.69 / 0.70)  # not scaled to 0
+    # a stored copy of the question is its own best match; if it set the scale, the real
+    # memories would all fall under min_relevance and nothing would be kept
+    q = request(text="what is my locker code?")
+    echo = replace(_fused("q", 40.0, 1.0), digest=q["digest"])
+    full_lists = replace(t, recall_k=3)  # every tier returned 3 = recall_k hits
+    res = rank([echo, *cands], q, [], "v", full_lists)
+    outcome = {r.candidate.memory_id: r.outcome for r in res.ordered}
+    assert outcome == {"q": "visible", "a": "kept", "b": "low-relevance"}
