@@ -29,10 +29,16 @@ class Candidate:
     expires_at: int | None = None
     risk_level: str | None = None
     tiers: tuple[str, ...] = ()
+    tier_scores: tuple[tuple[str, float], ...] = ()  # each tier's own score, before fusion
+    follows: str | None = None  # memory id of the turn this segment answers (same session)
 
-    def with_tier(self, tier: str, relevance: float | None = None) -> Candidate:
+    def with_tier(self, tier: str, relevance: float | None = None,
+                  score: float | None = None) -> Candidate:
         tiers = self.tiers if tier in self.tiers else (*self.tiers, tier)
-        return replace(self, tiers=tiers,
+        scores = self.tier_scores
+        if score is not None and tier not in dict(scores):
+            scores = (*scores, (tier, score))
+        return replace(self, tiers=tiers, tier_scores=scores,
                        relevance=self.relevance if relevance is None else relevance)
 
 

@@ -4,16 +4,21 @@ The always-available first recall tier (M-05). Visibility is applied before scor
 memory outside the caller's scope chain can never be returned. Aliases expand the query with a
 low prior; they never change a memory's text and can be revoked.
 
-Scoring: BM25 (k1=1.2, b=0.75) with the non-negative Lucene idf log(1 + (N - df + .5)/(df + .5))
-over the statistics of the whole index (N, df, average length). The term-frequency part equals
-rank_bm25's BM25Okapi; only the idf differs, because Okapi's idf goes negative for terms in
-more than half the documents and its epsilon floor needs a corpus-wide average that an
-incremental index cannot keep cheaply. Search touches only the postings of the query's terms,
-entities and alias targets.
+Scoring: BM25 (k1=1.2, b=0.75 unless configured) with the non-negative Lucene idf
+log(1 + (N - df + .5)/(df + .5)) over the statistics of the whole index (N, df, average length).
+The term-frequency part equals rank_bm25's BM25Okapi; only the idf differs, because Okapi's idf
+goes negative for terms in more than half the documents and its epsilon floor needs a
+corpus-wide average that an incremental index cannot keep cheaply. Search touches only the
+postings of the query's terms, entities and alias targets.
+
+A document may carry context (the turn before it): its first `context_max_terms` content terms
+add `context_weight` each to the term frequencies and to the document length, like a
+down-weighted second field (BM25F with one shared length). The doc's own text is unchanged.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import unicodedata
 from collections.abc import Callable, Collection
@@ -38,6 +43,7 @@ class LexicalDoc:
     scope: str  # Turn | Session | Workspace | User | External
     owner: str  # id of the scope's owner
     entities: tuple[str, ...] = ()
+    context: str = ""  # neighbouring text that helps find this doc; never returned
 
 
 def normalize_entity(e: str) -> str:
@@ -61,16 +67,19 @@ class _Alias:
 class LexicalIndex:
     """Posting lists term -> {doc_id: tf} and entity -> {doc_ids}, updated in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, k1: float = K1, b: float = B, context_weight: float = 0.0,
+                 context_max_terms: int = 64) -> None:
+        self.k1, self.b = k1, b
+        self.context_weight, self.context_max_terms = context_weight, context_max_terms
         self._docs: dict[str, LexicalDoc] = {}
-        self._len: dict[str, int] = {}
+        self._len: dict[str, float] = {}
         self._doc_terms: dict[str, tuple[str, ...]] = {}
         self._doc_entities: dict[str, tuple[str, ...]] = {}
-        self._postings: dict[str, dict[str, int]] = {}
+        self._postings: dict[str, dict[str, float]] = {}
         self._entity_docs: dict[str, set[str]] = {}
         # first alias term -> (scope, owner) -> aliases; lookups stay per query term
         self._aliases: dict[str, dict[tuple[str, str], set[_Alias]]] = {}
-        self._total_len = 0
+        self._total_len = 0.0
 
     def __len__(self) -> int:
         return len(self._docs)
@@ -83,16 +92,21 @@ class LexicalIndex:
     def add(self, doc: LexicalDoc) -> None:
         """Idempotent by doc_id: re-adding replaces the earlier version entirely."""
         self.remove(doc.doc_id)
-        toks = content_tokens(doc.text)
-        tf: dict[str, int] = {}
-        for t in toks:
+        tf: dict[str, float] = {}
+        for t in content_tokens(doc.text):
             tf[t] = tf.get(t, 0) + 1
+        length = float(sum(tf.values()))
+        if doc.context and self.context_weight > 0:
+            ctx = content_tokens(doc.context)[: self.context_max_terms]
+            for t in ctx:
+                tf[t] = tf.get(t, 0) + self.context_weight
+            length += self.context_weight * len(ctx)
         ents = tuple(dict.fromkeys(x for x in map(normalize_entity, doc.entities) if x))
         self._docs[doc.doc_id] = doc
-        self._len[doc.doc_id] = len(toks)
+        self._len[doc.doc_id] = length
         self._doc_terms[doc.doc_id] = tuple(tf)
         self._doc_entities[doc.doc_id] = ents
-        self._total_len += len(toks)
+        self._total_len += length
         for t, n in tf.items():
             self._postings.setdefault(t, {})[doc.doc_id] = n
         for e in ents:
@@ -190,38 +204,41 @@ class LexicalIndex:
         ents = list(dict.fromkeys(x for x in map(normalize_entity, entities) if x))
         n_docs = len(self._docs)
         avg = self._total_len / n_docs or 1.0
+        k1, b = self.k1, self.b
         seen: dict[str, bool] = {}
-        parts: dict[str, dict[str, float]] = {}
+        docs, lens = self._docs, self._len
+        # one accumulator per channel; summed in a fixed channel order, so the float result
+        # does not depend on which channel reached a doc first
+        parts: dict[str, dict[str, float]] = {"bm25": {}, "entity": {}, "alias": {}}
 
         def admit(doc_id: str) -> bool:
-            if doc_id not in seen:
-                d = self._docs[doc_id]
-                seen[doc_id] = bool(ok(d.scope, d.owner))
-            return seen[doc_id]
-
-        def credit(doc_id: str, how: str, amount: float) -> None:
-            by = parts.setdefault(doc_id, {})
-            by[how] = by.get(how, 0.0) + amount
+            v = seen.get(doc_id)
+            if v is None:
+                d = docs[doc_id]
+                v = seen[doc_id] = bool(ok(d.scope, d.owner))
+            return v
 
         def bm25(term: str, weight: float, how: str) -> None:
             posting = self._postings.get(term)
             if not posting:
                 return
             idf = self._idf(term)
+            acc = parts[how]
             for doc_id, tf in posting.items():
                 if admit(doc_id):
-                    norm = tf + K1 * (1 - B + B * self._len[doc_id] / avg)
-                    credit(doc_id, how, weight * idf * tf * (K1 + 1) / norm)
+                    norm = tf + k1 * (1 - b + b * lens[doc_id] / avg)
+                    acc[doc_id] = acc.get(doc_id, 0.0) + weight * idf * tf * (k1 + 1) / norm
 
         def entity(key: str, weight: float, how: str) -> None:
-            docs = self._entity_docs.get(key)
-            if not docs:
+            ent_docs = self._entity_docs.get(key)
+            if not ent_docs:
                 return
             # rare entities count fully, ubiquitous ones barely
-            bonus = ENTITY_BONUS * math.log(1 + n_docs / len(docs)) / math.log(1 + n_docs)
-            for doc_id in docs:
+            bonus = ENTITY_BONUS * math.log(1 + n_docs / len(ent_docs)) / math.log(1 + n_docs)
+            acc = parts[how]
+            for doc_id in ent_docs:
                 if admit(doc_id):
-                    credit(doc_id, how, weight * bonus)
+                    acc[doc_id] = acc.get(doc_id, 0.0) + weight * bonus
 
         for term in q:  # repeated query terms count again, as in rank_bm25
             bm25(term, 1.0, "bm25")
@@ -240,9 +257,15 @@ class LexicalIndex:
                 entity(a.target_key, ALIAS_PRIOR, "alias")
 
         order = ("bm25", "entity", "alias")
+        channels = [parts[h] for h in order]
+        totals: dict[str, float] = {}
+        for acc in channels:
+            for doc_id, x in acc.items():
+                totals[doc_id] = totals.get(doc_id, 0.0) + x
+        best = heapq.nsmallest(k, ((-round(x, 6), doc_id) for doc_id, x in totals.items()))
         ranked = []
-        for doc_id, by in parts.items():
-            via = max(order, key=lambda h: (by.get(h, 0.0), -order.index(h)))
-            ranked.append((doc_id, round(sum(by[h] for h in order if h in by), 6), via))
-        ranked.sort(key=lambda r: (-r[1], r[0]))
-        return ranked[:k]
+        for neg, doc_id in best:
+            by = [acc.get(doc_id, 0.0) for acc in channels]
+            via = order[max(range(len(order)), key=lambda i: (by[i], -i))]
+            ranked.append((doc_id, -neg, via))
+        return ranked

@@ -3,6 +3,16 @@
 activation = base*confidence + relevance + recency + frequency + salience - suppression
 (weights in tuning). Activation only orders candidates; it is not a truth score. Every
 candidate that is not kept carries the reason it was dropped.
+
+Relevance is the tiers' fused score scaled to [0, 1] by the best usable candidate (not the
+message itself, another scope or an expired memory). With `fusion = "rrf"` it is recall's
+reciprocal-rank fusion; with `"convex"` each tier's own score (BM25, cosine) is min-max scaled
+over that tier's hits (from 0 when the tier returned fewer than `recall_k` hits) and weighted
+by `tier_weights`: rank positions throw away how far ahead a strong match is, scores keep it. Two structure
+bonuses then use the conversation's shape: a turn gains `next_weight` times the relevance of
+the candidate that follows it in its session (the answer to a question points back at the
+question), and `session_weight` times the sum of its session's two best relevances (a session
+about the topic holds more than one hit).
 """
 
 from __future__ import annotations
@@ -41,9 +51,76 @@ def recency(c: Candidate, now_ms: int, half_life_ms: int) -> float:
     return math.pow(0.5, age / half_life_ms)
 
 
+def tier_floors(candidates: Sequence[Candidate], t: RankTuning) -> dict[str, float | None]:
+    """tier -> the score its scale starts from: None (its lowest hit) when the tier returned
+    a full list of `recall_k` hits, else 0, the score of no match at all (BM25) or of an
+    unrelated text (cosine). A short list holds every match there was, so its weakest hit
+    may still be a good one and must not be scaled to nothing."""
+    hits: dict[str, int] = {}
+    for c in candidates:
+        for tier, _ in c.tier_scores or (("", c.relevance),):
+            hits[tier] = hits.get(tier, 0) + 1
+    return {tier: None if n >= t.recall_k else 0.0 for tier, n in hits.items()}
+
+
+def fused_relevance(candidates: Sequence[Candidate], t: RankTuning,
+                    floors: dict[str, float | None] | None = None) -> dict[str, float]:
+    """memory id -> fused relevance, per `t.fusion` (see the module docstring)."""
+    if t.fusion == "rrf":
+        return {c.memory_id: c.relevance for c in candidates}
+    if t.fusion != "convex":
+        raise ValueError(f"unknown fusion {t.fusion!r}")
+    floors = tier_floors(candidates, t) if floors is None else floors
+    per = [dict(c.tier_scores) or {"": c.relevance} for c in candidates]
+    span: dict[str, tuple[float, float]] = {}
+    for scores in per:
+        for tier, x in scores.items():
+            lo, hi = span.get(tier, (x, x))
+            span[tier] = (min(lo, x), max(hi, x))
+    for tier, (lo, hi) in span.items():
+        floor = floors.get(tier)
+        if floor is not None:
+            span[tier] = (min(lo, floor), hi)
+    out: dict[str, float] = {}
+    for c, scores in zip(candidates, per, strict=True):
+        total = 0.0
+        for tier, x in scores.items():
+            lo, hi = span[tier]
+            total += t.tier_weights.get(tier, 1.0) * ((x - lo) / (hi - lo) if hi > lo else 1.0)
+        out[c.memory_id] = round(total, 9)
+    return out
+
+
+SESSION_TOP = 2  # a session's score: the sum of its best SESSION_TOP scaled relevances
+
+
+def structured_relevance(candidates: Sequence[Candidate], fused: dict[str, float],
+                         t: RankTuning) -> dict[str, float]:
+    """Fused relevance scaled to [0, 1], plus the next-turn and session bonuses of `t`."""
+    top = max(fused.values(), default=0.0)
+    if top <= 0 or (t.next_weight == 0 and t.session_weight == 0):
+        return fused
+    rel = {m: v / top for m, v in fused.items()}
+    out = dict(rel)
+    if t.next_weight:
+        for c in candidates:
+            if c.follows is not None and c.follows in rel:
+                out[c.follows] += t.next_weight * rel[c.memory_id]
+    if t.session_weight:
+        best: dict[str, list[float]] = {}
+        for c in candidates:
+            best.setdefault(c.session_id, []).append(rel[c.memory_id])
+        score = {s: sum(sorted(v, reverse=True)[:SESSION_TOP]) for s, v in best.items()}
+        for c in candidates:
+            out[c.memory_id] += t.session_weight * score[c.session_id]
+    return {m: round(v, 9) for m, v in out.items()}
+
+
 def activation(c: Candidate, request: dict[str, Any], max_rel: float, t: RankTuning,
-               suppressed: bool) -> float:
-    rel = c.relevance / max_rel if max_rel > 0 else 0.0
+               suppressed: bool, relevance: float | None = None) -> float:
+    """`relevance` is the fused score (rrf: the candidate's own), scaled here by `max_rel`."""
+    rel_raw = c.relevance if relevance is None else relevance
+    rel = rel_raw / max_rel if max_rel > 0 else 0.0
     window = request.get("timeWindow")
     in_window = bool(window) and window[0] <= c.event_time < window[1]
     return (t.base * c.confidence + t.relevance * rel
@@ -62,20 +139,30 @@ def rank(candidates: Sequence[Candidate], request: dict[str, Any], recent_digest
     visible = set(request.get("visibleDigests", ())) | {request["digest"]}
     ignored = set(request.get("ignoredDigests", ()))
     recent = set(recent_digests)
-    max_rel = max((c.relevance for c in candidates), default=0.0)
+
+    def unusable(c: Candidate) -> str:
+        if (c.scope, c.owner) not in chain:
+            return "scope"
+        if c.expires_at is not None and c.expires_at <= now:
+            return "expired"
+        if c.memory_id == request["segmentId"] or c.digest in visible:
+            return "visible"
+        return ""
+
+    why = {c.memory_id: unusable(c) for c in candidates}
+    # only usable candidates set the scale: the message itself (visible) is always its own
+    # best match and would push every real memory under min_relevance
+    usable = [c for c in candidates if not why[c.memory_id]]
+    fused = structured_relevance(
+        usable, fused_relevance(usable, t, tier_floors(candidates, t)), t)
+    max_rel = max(fused.values(), default=0.0)
     pre: list[Ranked] = []
     for c in candidates:
-        a = round(activation(c, request, max_rel, t, c.digest in ignored), 6)
-        if (c.scope, c.owner) not in chain:
-            outcome = "scope"
-        elif c.expires_at is not None and c.expires_at <= now:
-            outcome = "expired"
-        elif c.memory_id == request["segmentId"] or c.digest in visible:
-            outcome = "visible"
-        elif max_rel > 0 and c.relevance / max_rel < t.min_relevance:
+        rel = fused.get(c.memory_id, 0.0)
+        a = round(activation(c, request, max_rel, t, c.digest in ignored, rel), 6)
+        outcome = why[c.memory_id]
+        if not outcome and max_rel > 0 and rel / max_rel < t.min_relevance:
             outcome = "low-relevance"
-        else:
-            outcome = ""
         pre.append(Ranked(c, a, outcome))
     pre.sort(key=lambda r: (-r.activation, r.candidate.memory_id))
     out: list[Ranked] = []

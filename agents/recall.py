@@ -49,15 +49,16 @@ RRF_K = 60
 def merge(found: dict[str, Candidate], new: Sequence[Candidate], tier: str,
           weight: float = 1.0) -> None:
     """Reciprocal-rank fusion: tiers score on different scales (BM25, cosine, PageRank),
-    so each contributes weight / (60 + rank) and a memory found by several tiers adds up."""
+    so each contributes weight / (60 + rank) and a memory found by several tiers adds up.
+    Each tier's own score is kept on the candidate, so rank can fuse by score instead."""
     ordered = sorted(new, key=lambda c: (-c.relevance, c.memory_id))
     for rank, c in enumerate(ordered, start=1):
         gain = weight / (RRF_K + rank)
         old = found.get(c.memory_id)
         if old is None:
-            found[c.memory_id] = c.with_tier(tier, gain)
+            found[c.memory_id] = c.with_tier(tier, gain, c.relevance)
         else:
-            found[c.memory_id] = old.with_tier(tier, old.relevance + gain)
+            found[c.memory_id] = old.with_tier(tier, old.relevance + gain, c.relevance)
 
 
 async def recall(request: dict[str, Any], tiers: Sequence[TierSpec], k: int) -> RecallResult:

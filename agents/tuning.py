@@ -1,7 +1,12 @@
-"""Weights and thresholds of the gate and the ranker, loaded from configuration (R-02).
+"""Weights and thresholds of the gate, the ranker and the indexes, loaded from configuration (R-02).
 
 Every number a decision depends on lives here, so a replay can calibrate it and an audit
-record can be explained by it. Defaults are in `tuning.json`; MNEMOFLOW_WEIGHTS overrides.
+record can be explained by it. Defaults are in `tuning.json`; MNEMOFLOW_WEIGHTS overrides the
+sections the worker passes on (gate, rank). The `index` section shapes what the projections
+write (lexical terms, vectors); a projection built without an explicit IndexTuning reads the
+packaged `tuning.json`, so changing it means rebuilding the indexes. Dataclass defaults keep
+the behaviour from before each knob existed; `tuning.json` holds the calibrated values (see
+evaluation/CALIBRATION.md).
 """
 
 from __future__ import annotations
@@ -45,6 +50,36 @@ class RankTuning:
     packet_ttl_ms: int = 10 * 60_000
     recall_k: int = 50
     graph_when_fewer_than: int = 10  # C-04: graph expansion only when earlier tiers found few
+    # how the tiers' lists become one relevance: "rrf" keeps recall's reciprocal-rank fusion;
+    # "convex" sums tier_weights[tier] * the tier's own score min-max scaled over its hits
+    fusion: str = "rrf"
+    tier_weights: dict[str, float] = field(default_factory=dict)  # missing tier: weight 1
+    # structure bonuses on the scaled relevance: a turn gains next_weight * the relevance of
+    # the turn that follows it (a question is found through its answer), and
+    # session_weight * the summed relevance of its session's two best candidates
+    next_weight: float = 0.0
+    session_weight: float = 0.0
+
+
+@dataclass(frozen=True)
+class IndexTuning:
+    """What the projections index for a memory: BM25 shape and the neighbouring-turn context.
+
+    A conversational turn often only makes sense after the turn before it (an answer to a
+    question), so a segment is indexed with its session's previous segment as context:
+    lexically its first `context_max_terms` content terms count with `context_weight` each;
+    its vector is normalise(own + vector_context_weight * previous turn's vector).
+    """
+
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    context_weight: float = 0.0
+    context_max_terms: int = 64
+    vector_context_weight: float = 0.0
+    # embed only the first this-many characters of a memory (0: all; MiniLM stops at 256
+    # word pieces anyway): long assistant turns cost ~20x a short turn to embed, and the
+    # model was trained on 128-piece inputs, so the head carries most of what it can use
+    embed_max_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,9 +87,11 @@ class Tuning:
     gate: GateTuning
     rank: RankTuning
     source: str = "defaults"
+    index: IndexTuning = field(default_factory=IndexTuning)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gate": asdict(self.gate), "rank": asdict(self.rank), "source": self.source}
+        return {"gate": asdict(self.gate), "rank": asdict(self.rank),
+                "index": asdict(self.index), "source": self.source}
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
@@ -71,9 +108,15 @@ def load_tuning(path: str | Path | None = None) -> Tuning:
     source = "defaults"
     if path:
         override = json.loads(Path(path).read_text())
-        for section in ("gate", "rank"):
+        for section in ("gate", "rank", "index"):
             merged = dict(raw.get(section, {}))
             merged.update(override.get(section, {}))
             raw[section] = merged
         source = str(path)
-    return Tuning(_build(GateTuning, raw["gate"]), _build(RankTuning, raw["rank"]), source)
+    return Tuning(_build(GateTuning, raw["gate"]), _build(RankTuning, raw["rank"]), source,
+                  _build(IndexTuning, raw.get("index", {})))
+
+
+def packaged_index_tuning() -> IndexTuning:
+    """The index section of the packaged tuning.json: what a projection uses by default."""
+    return load_tuning().index

@@ -45,23 +45,24 @@ async def _read(settings: Settings, bootstrap: str) -> metrics.TopicData:
     return metrics.TopicData(got["audit"], got["inbox"], got["memory"])
 
 
-def _cosine_inputs(bench: Benchmark, settings: Settings,
-                   data: metrics.TopicData
+def _cosine_inputs(bench: Benchmark, data: metrics.TopicData
                    ) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, np.ndarray]]:
-    """Turn vectors as the worker indexed them (LanceDB), question vectors embedded here."""
-    import lancedb
+    """Plain MiniLM vectors of the recorded turn texts and of the questions.
 
+    Embedded here rather than read from LanceDB: the index now stores context-blended
+    vectors (IndexTuning.vector_context_weight), and the baseline must stay plain cosine.
+    The on-disk cache makes a repeated run cheap.
+    """
+    from mnemoflow.evaluation.embed_cache import DiskCachedEmbedder
     from mnemoflow.projections.embedding import MiniLMEmbedder
 
+    emb = DiskCachedEmbedder(MiniLMEmbedder())
     # turn ids repeat across users (every LoCoMo conversation has a D1:3): key by owner too
-    prov = {m["memoryId"]: (m["owner"], metrics.host_provenance(",".join(m["provenance"])))
-            for m in data.memory if m["op"] == "segment_recorded"}
-    db = lancedb.connect(str(settings.home / "lancedb" / settings.app_id))
-    tbl = db.open_table("episodes").to_arrow().select(["memory_id", "vector"])  # segments live there
-    ids = tbl.column("memory_id").to_pylist()
-    vecs = np.asarray(tbl.column("vector").to_pylist(), dtype=np.float32)
-    turn_vectors = {prov[i]: v for i, v in zip(ids, vecs, strict=True) if i in prov}
-    qv = MiniLMEmbedder().embed([q.text for q in bench.questions])
+    segs = [m for m in data.memory if m["op"] == "segment_recorded" and m.get("text")]
+    vecs = emb.embed([m["text"] for m in segs])
+    turn_vectors = {(m["owner"], metrics.host_provenance(",".join(m["provenance"]))): v
+                    for m, v in zip(segs, vecs, strict=True)}
+    qv = emb.embed([q.text for q in bench.questions])
     return turn_vectors, {q.qid: v for q, v in zip(bench.questions, qv, strict=True)}
 
 
@@ -100,7 +101,7 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
         proc.terminate()
         proc.wait(60)
     lists = {"bm25": baselines.bm25(bench)}
-    tv, qv = _cosine_inputs(bench, settings, data)
+    tv, qv = _cosine_inputs(bench, data)
     lists["cosine"] = baselines.cosine(bench, tv, qv)
     df = metrics.per_question(bench, log, data, lists)
     result = {

@@ -9,6 +9,11 @@ episodes, goes too, unless it has other live provenance (another segment, a host
 What is recallable (`recallable`): a live record that no user has disputed; for procedures
 only the validated and active stages; never a fact candidate (consolidation's guesses wait
 for `fact_confirmed`). The lexical index holds exactly the recallable records.
+
+A conversational segment is indexed with its session's previous segment as lexical context
+(IndexTuning.context_weight): an answer ("The Minnesota Wolves!") is found by the words of
+the question it answers. The previous segment always precedes it in the log, so a rebuild
+gives the same index; a revoked segment stops being anyone's context.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
 from mnemoflow.agents.memory_events import json_list, parse_list
 from mnemoflow.agents.text import digest, semantic_key
+from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 
 REVOKE_OPS = {"memory_revoked", "fact_revoked", "procedure_deprecated"}
 PROCEDURE_OPS = {"procedure_observed", "procedure_staged", "procedure_promoted",
@@ -118,9 +124,15 @@ class MemoryStore:
     generation; plus the read API consolidation uses (`records_of`, `session_records`,
     `procedures`, `has_event`, `latest_event_time`)."""
 
-    def __init__(self, name: str = "lexical", generation: int = 1) -> None:
+    def __init__(self, name: str = "lexical", generation: int = 1,
+                 index: IndexTuning | None = None) -> None:
+        self.index_tuning = index if index is not None else packaged_index_tuning()
+        t = self.index_tuning
         self.records: dict[str, MemoryRecord] = {}
-        self.lexical = LexicalIndex()
+        self.lexical = LexicalIndex(t.bm25_k1, t.bm25_b, t.context_weight, t.context_max_terms)
+        self._last_segment: dict[str, str] = {}  # session id -> its latest segment's memory id
+        self._context_of: dict[str, str] = {}  # memory id -> the segment indexed as its context
+        self._next_of: dict[str, str] = {}  # memory id -> the segment it is context for
         self._applied: set[str] = set()
         self.name = name
         self.generation = generation
@@ -183,19 +195,27 @@ class MemoryStore:
         return True
 
     def _index(self, rec: MemoryRecord) -> None:
+        new = rec.memory_id not in self.records
         self.records[rec.memory_id] = rec
         self.by_owner.setdefault((rec.scope, rec.owner), set()).add(rec.memory_id)
         self.by_kind.setdefault(rec.kind, set()).add(rec.memory_id)
         if rec.session_id:
             self.by_session.setdefault(rec.session_id, set()).add(rec.memory_id)
+        if rec.kind == "segment" and new:  # a re-recorded segment keeps its first context
+            prev = self._live_segment(self._last_segment.get(rec.session_id))
+            if prev is not None:
+                self._context_of[rec.memory_id] = prev
+                self._next_of[prev] = rec.memory_id
+            self._last_segment[rec.session_id] = rec.memory_id
         self._sync(rec.memory_id)
 
     def _sync(self, mid: str) -> None:
         """The lexical index holds exactly the recallable records."""
         rec = self.records.get(mid)
         if rec is not None and rec.text and self.recallable(mid):
+            prev = self.context_of(mid)
             self.lexical.add(LexicalDoc(rec.memory_id, rec.text, rec.scope, rec.owner,
-                                        rec.entities))
+                                        rec.entities, prev.text if prev is not None else ""))
         else:
             self.lexical.remove(mid)
 
@@ -221,6 +241,23 @@ class MemoryStore:
         return (mid not in self.anchored and bool(srcs)
                 and all(self._is_revoked(s) for s in srcs))
 
+    def _live_segment(self, mid: str | None) -> str | None:
+        """`mid`, or the nearest segment before it in its session that is not revoked."""
+        while mid is not None and (rec := self.records.get(mid)) is not None and rec.revoked:
+            mid = self._context_of.get(mid)
+        return mid
+
+    def candidate(self, rec: MemoryRecord, relevance: float) -> Candidate:
+        """The record as a recall candidate, with the live segment it follows (rank uses it)."""
+        c = rec.candidate(relevance)
+        prev = self.context_of(rec.memory_id) if rec.kind == "segment" else None
+        return replace(c, follows=prev.memory_id) if prev is not None else c
+
+    def context_of(self, memory_id: str) -> MemoryRecord | None:
+        """The segment a segment is indexed with as context: its session's previous live one."""
+        prev = self.records.get(self._live_segment(self._context_of.get(memory_id)) or "")
+        return prev if prev is not None and not prev.revoked else None
+
     def _revoke(self, mid: str, why: str) -> None:
         old = self.records.get(mid)
         if old is not None and not old.revoked:
@@ -228,6 +265,17 @@ class MemoryStore:
                                         attributes={**old.attributes, "revokedBy": why})
             self.lexical.remove(mid)
             self.revocations.append(mid)
+            nxt = self.records.get(self._next_of.pop(mid, ""))
+            if nxt is not None and not nxt.revoked and nxt.memory_id in self.lexical:
+                # the next segment now follows the one before the revoked one (as a rebuild
+                # from MEMORY.md, which omits revoked rows, would index it)
+                prev = self._live_segment(self._context_of.get(mid))
+                if prev is not None:
+                    self._context_of[nxt.memory_id] = prev
+                    self._next_of[prev] = nxt.memory_id
+                else:
+                    self._context_of.pop(nxt.memory_id, None)
+                self._sync(nxt.memory_id)
         self.fact_candidates.pop(mid, None)
         self._cascade(mid)
 
@@ -553,7 +601,7 @@ class MemoryStore:
         for doc_id, score, _via in hits:
             rec = self.records.get(doc_id)
             if rec is not None and self.recallable(doc_id) and rec.event_time < now:
-                out.append(rec.candidate(score))
+                out.append(self.candidate(rec, score))
         return out[:k]
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+import numpy as np
 
 from mnemoflow.agents.candidate import Candidate
 from mnemoflow.agents.text import digest, semantic_key
@@ -97,3 +100,34 @@ def memory_event(mid: str, entities: list[str], t: int = T0, owner: str = "u1",
 
 def revoke_event(mid: str, owner: str = "u1") -> dict[str, Any]:
     return {**memory_event(mid, [], owner=owner), "eventId": f"rv:{mid}", "op": "memory_revoked"}
+
+
+class HashEmbedder:
+    """A deterministic stand-in for MiniLM: unit vectors from the text's SHA-256."""
+
+    name, dim, version = "hash", 16, "1"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.array([[b - 128 for b in hashlib.sha256(t.encode()).digest()[:16]]
+                        for t in texts], dtype=np.float32).reshape(len(texts), 16)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def tiny_bench() -> Any:
+    """Two users' chats and two questions, in the shape evaluation.datasets produces."""
+    from mnemoflow.evaluation.datasets import Benchmark, Question, Session, Turn
+
+    day, t0 = 86_400_000, 1_680_000_000_000
+    s1 = Session("u", "D1", t0, (
+        Turn("user", "Ana: I adopted a grey cat named Miso last spring.", "D1:1"),
+        Turn("user", "Ben: How lovely, does Miso like the garden?", "D1:2"),
+        Turn("user", "Ana: She mostly sleeps on the piano.", "D1:3")))
+    s2 = Session("u", "D2", t0 + 3 * day, (
+        Turn("user", "Ben: I started a pottery class at the community centre.", "D2:1"),
+        Turn("user", "Ana: Pottery sounds relaxing, what did you make?", "D2:2")))
+    other = Session("v", "D1", t0, (Turn("user", "Cal: My cat is named Miso too.", "D1:1"),))
+    qs = [Question("u/q0", "u", "What is the name of Ana's cat?", t0 + 10 * day, "1",
+                   frozenset({"D1:1"}), frozenset({"D1"})),
+          Question("u/q1", "u", "What class did Ben start?", t0 + 10 * day + 60_000, "1",
+                   frozenset({"D2:1"}), frozenset({"D2"}))]
+    return Benchmark("locomo", [s1, s2, other], qs)

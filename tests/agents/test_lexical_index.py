@@ -214,3 +214,43 @@ def test_edge_cases() -> None:
     assert idx.search("lighthouse", [], {USER}, 0) == []
     assert idx.search("", [], {USER}, 5) == []
     assert [d for d, _, _ in idx.search("lighthouse", [], frozenset({USER}), 5)] == ["d"]
+
+
+def test_context_terms_find_a_doc_at_a_discount() -> None:
+    """An answer is found by the words of the turn it answers, below a doc that says them."""
+    idx = LexicalIndex(context_weight=0.5)
+    idx.add(LexicalDoc("q", "John: I just signed with a new basketball team!", *USER))
+    idx.add(LexicalDoc("a", "John: The Minnesota Wolves! Can't wait.", *USER,
+                       context="John: I just signed with a new basketball team!"))
+    idx.add(LexicalDoc("x", "Tim: I read a fantasy novel this week.", *USER))
+    hits = [d for d, _, _ in idx.search("which team did John sign with", [], {USER}, 10)]
+    assert hits[:2] == ["q", "a"] and "x" not in hits
+    plain = LexicalIndex()  # no context weight: the context is ignored entirely
+    plain.add(LexicalDoc("a", "John: The Minnesota Wolves! Can't wait.", *USER,
+                         context="John: I just signed with a new basketball team!"))
+    assert plain.search("team sign", [], {USER}, 10) == []
+
+
+def test_context_is_capped_and_counts_in_the_length() -> None:
+    long_ctx = " ".join(f"word{i}" for i in range(100)) + " zebra"
+    idx = LexicalIndex(context_weight=1.0, context_max_terms=10)
+    idx.add(LexicalDoc("a", "alpha beta", *USER, context=long_ctx))
+    idx.add(LexicalDoc("b", "alpha gamma", *USER))
+    assert idx.search("zebra", [], {USER}, 5) == []  # beyond the first 10 context terms
+    assert [d for d, _, _ in idx.search("word3", [], {USER}, 5)] == ["a"]
+    # the 10 context terms make "a" longer: "alpha" scores lower there than in "b"
+    scores = {d: s for d, s, _ in idx.search("alpha", [], {USER}, 5)}
+    assert scores["b"] > scores["a"]
+
+
+def test_k1_and_b_are_configurable() -> None:
+    docs = {"short": "lake", "long": "lake " + " ".join(f"filler{i}" for i in range(30))}
+    flat = LexicalIndex(b=0.0)
+    norm = LexicalIndex(b=1.0)
+    for d, t in docs.items():
+        flat.add(LexicalDoc(d, t, *USER))
+        norm.add(LexicalDoc(d, t, *USER))
+    f = {d: s for d, s, _ in flat.search("lake", [], {USER}, 5)}
+    n = {d: s for d, s, _ in norm.search("lake", [], {USER}, 5)}
+    assert f["short"] == f["long"]  # b = 0: no length normalisation
+    assert n["short"] > n["long"]

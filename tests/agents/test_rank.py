@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mnemoflow.agents.rank import rank
+import pytest
+
+from mnemoflow.agents.rank import fused_relevance, rank, structured_relevance
 from mnemoflow.agents.tuning import load_tuning
 
 from factories import T0, candidate, request
@@ -49,13 +51,17 @@ def test_cross_packet_duplicates_are_dropped() -> None:
 
 
 def test_recency_and_time_window_order_ties() -> None:
-    old = candidate("old", "went hiking with Dana", 1.0, t=T0 - 300 * 86400_000)
-    new = candidate("new", "went hiking with Dana again", 1.0, t=T0 - 86400_000)
-    res = rank([old, new], request(), [], "v", TUNING)
-    assert [r.candidate.memory_id for r in res.ordered] == ["new", "old"]
+    # ids sort the old memory first, so only the recency term can put the new one ahead
+    old = candidate("a-old", "went hiking with Dana", 1.0, t=T0 - 300 * 86400_000)
+    new = candidate("b-new", "went hiking with Dana again", 1.0, t=T0 - 86400_000)
+    t = replace(TUNING, recency=0.15, time_window_bonus=0.3)
+    res = rank([old, new], request(), [], "v", t)
+    assert [r.candidate.memory_id for r in res.ordered] == ["b-new", "a-old"]
+    res = rank([old, new], request(), [], "v", replace(t, recency=0.0))
+    assert [r.candidate.memory_id for r in res.ordered] == ["a-old", "b-new"]
     win = request(timeWindow=[T0 - 301 * 86400_000, T0 - 299 * 86400_000])
-    res = rank([old, new], win, [], "v", TUNING)
-    assert res.ordered[0].candidate.memory_id == "old"
+    res = rank([old, new], win, [], "v", t)
+    assert res.ordered[0].candidate.memory_id == "a-old"
 
 
 def test_rank_is_deterministic() -> None:
@@ -63,3 +69,79 @@ def test_rank_is_deterministic() -> None:
     a = rank(cands, request(), [], "v", TUNING)
     b = rank(list(reversed(cands)), request(), [], "v", TUNING)
     assert a == b
+
+
+def _fused(name: str, lex: float | None, vec: float | None):
+    scores = tuple((t, s) for t, s in (("lexical", lex), ("vector", vec)) if s is not None)
+    return replace(candidate(name, f"memory text {name}", 0.0), tier_scores=scores,
+                   tiers=tuple(t for t, _ in scores))
+
+
+def test_convex_fusion_min_max_scales_each_tier_and_weights_them() -> None:
+    cands = [_fused("a", 10.0, 0.1), _fused("b", 2.0, 0.9), _fused("c", 1.0, None),
+             _fused("d", None, 0.5)]
+    # recall_k 2: both tiers returned full lists, so each scales from its weakest hit
+    t = replace(TUNING, fusion="convex", tier_weights={"lexical": 0.6, "vector": 0.4},
+                recall_k=2)
+    got = fused_relevance(cands, t)
+    assert got["a"] == pytest.approx(0.6 * 1.0 + 0.4 * 0.0)
+    assert got["b"] == pytest.approx(0.6 * (1.0 / 9.0) + 0.4 * 1.0)
+    assert got["c"] == pytest.approx(0.0)
+    assert got["d"] == pytest.approx(0.4 * 0.5)
+    lexical_only = replace(t, tier_weights={"lexical": 1.0, "vector": 0.0})
+    res = rank(cands, request(), [], "v", replace(lexical_only, recency=0.0, salience=0.0))
+    assert [r.candidate.memory_id for r in res.ordered][:3] == ["a", "b", "c"]
+
+
+def test_rrf_fusion_uses_recalls_relevance_and_unknown_fusion_is_refused() -> None:
+    cands = [replace(_fused("a", 10.0, None), relevance=0.02),
+             replace(_fused("b", None, 0.9), relevance=0.03)]
+    assert fused_relevance(cands, TUNING if TUNING.fusion == "rrf"
+                           else replace(TUNING, fusion="rrf")) == {"a": 0.02, "b": 0.03}
+    with pytest.raises(ValueError):
+        fused_relevance(cands, replace(TUNING, fusion="max"))
+
+
+def _turn(name: str, rel: float, session: str = "s1", follows: str | None = None):
+    return replace(candidate(name, f"turn {name}", rel, session_id=session), follows=follows)
+
+
+def test_next_turn_bonus_lifts_the_turn_an_answer_follows() -> None:
+    cands = [_turn("q", 0.4), _turn("a", 1.0, follows="q"), _turn("z", 0.5)]
+    t = replace(TUNING, fusion="rrf", recency=0.0, salience=0.0, session_weight=0.0)
+    plain = [r.candidate.memory_id for r in rank(cands, request(), [], "v",
+                                                 replace(t, next_weight=0.0)).ordered]
+    lifted = [r.candidate.memory_id for r in rank(cands, request(), [], "v",
+                                                  replace(t, next_weight=0.3)).ordered]
+    assert plain == ["a", "z", "q"] and lifted == ["a", "q", "z"]
+
+
+def test_session_bonus_adds_the_sessions_two_best_relevances() -> None:
+    cands = [_turn("a", 1.0, "s1"), _turn("b", 0.5, "s1"), _turn("c", 0.2, "s1"),
+             _turn("d", 0.6, "s2")]
+    t = replace(TUNING, fusion="rrf", next_weight=0.0, session_weight=0.5)
+    got = structured_relevance(cands, fused_relevance(cands, t), t)
+    assert got["b"] == pytest.approx(0.5 + 0.5 * 1.5)  # s1's best two: 1.0 + 0.5
+    assert got["d"] == pytest.approx(0.6 + 0.5 * 0.6)
+    res = rank(cands, request(), [], "v", replace(t, recency=0.0, salience=0.0))
+    assert [r.candidate.memory_id for r in res.ordered][:2] == ["a", "b"]
+    off = replace(t, session_weight=0.0)
+    assert structured_relevance(cands, fused_relevance(cands, off), off) == \
+        fused_relevance(cands, off)
+
+
+def test_a_short_tier_list_scales_from_zero_and_the_message_itself_sets_no_scale() -> None:
+    cands = [_fused("a", 5.0, 0.70), _fused("b", 4.9, 0.69)]
+    t = replace(TUNING, fusion="convex", tier_weights={"lexical": 0.6, "vector": 0.4},
+                recall_k=50, min_relevance=0.05, recency=0.0, salience=0.0, next_weight=0.0,
+                session_weight=0.0)
+    got = fused_relevance(cands, t)
+    assert got["b"] == pytest.approx(0.6 * 4.9 / 5.0 + 0.4 * 0.69 / 0.70)  # not scaled to 0
+    # a stored copy of the question is its own best match; if it set the scale, the real
+    # memories would all fall under min_relevance and nothing would be kept
+    q = request(text="what is my locker code?")
+    echo = replace(_fused("q", 40.0, 1.0), digest=q["digest"])
+    full_lists = replace(t, recall_k=3)  # every tier returned 3 = recall_k hits
+    res = rank([echo, *cands], q, [], "v", full_lists)
+    outcome = {r.candidate.memory_id: r.outcome for r in res.ordered}
+    assert outcome == {"q": "visible", "a": "kept", "b": "low-relevance"}

@@ -54,3 +54,12 @@ async def test_graph_tier_runs_only_when_hits_are_few() -> None:
 async def test_all_tiers_failing_is_a_failed_recall() -> None:
     res = await recall(request(), [TierSpec(FaultyTier(LEX))], 10)
     assert res.failed and res.candidates == ()
+
+
+async def test_fusion_keeps_each_tiers_own_score() -> None:
+    vec = StaticTier("vector", [candidate("b", "Melanie paints", 0.9),
+                                candidate("c", "Dana cooks", 0.8)])
+    res = await recall(request(), [TierSpec(LEX), TierSpec(vec)], 10)
+    scores = {c.memory_id: dict(c.tier_scores) for c in res.candidates}
+    assert scores == {"a": {"lexical": 5.0}, "b": {"lexical": 2.0, "vector": 0.9},
+                      "c": {"vector": 0.8}}

@@ -28,12 +28,18 @@ def project(*events: dict[str, Any]) -> tuple[MemoryStore, GraphSink]:
     return store, sink
 
 
+# one session per memory: a segment is indexed with its session's previous turn as lexical
+# context, which would let m2 be found by m1's words; here m2 must be reachable by the graph only
 EVENTS = (
-    memory_event("m1", ["Rex", "Brighton"], T0, text="Rex loves the beach at Brighton"),
-    memory_event("m2", ["Brighton", "Pier"], T0 + 1, text="the pier was closed for repairs"),
-    memory_event("m3", ["Paris"], T0 + 2, text="a weekend in Paris"),
-    memory_event("b1", ["Rex", "Zermatt"], T0 + 3, owner="bob", text="Rex hiked near Zermatt"),
-    memory_event("b2", ["Zermatt"], T0 + 4, owner="bob", text="snow in the valley"),
+    memory_event("m1", ["Rex", "Brighton"], T0, text="Rex loves the beach at Brighton",
+                 sessionId="s1"),
+    memory_event("m2", ["Brighton", "Pier"], T0 + 1, text="the pier was closed for repairs",
+                 sessionId="s2"),
+    memory_event("m3", ["Paris"], T0 + 2, text="a weekend in Paris", sessionId="s3"),
+    memory_event("b1", ["Rex", "Zermatt"], T0 + 3, owner="bob", text="Rex hiked near Zermatt",
+                 sessionId="s4"),
+    memory_event("b2", ["Zermatt"], T0 + 4, owner="bob", text="snow in the valley",
+                 sessionId="s5"),
 )
 
 

@@ -15,6 +15,7 @@ from mnemoflow.agents.memory_events import (
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.rank import Ranked
 from mnemoflow.agents.safety import check
+from mnemoflow.agents.tuning import IndexTuning
 from mnemoflow.projections.memory_store import (
     CONFIDENCE_CEIL,
     CONFIDENCE_FLOOR,
@@ -363,3 +364,67 @@ def test_the_vector_sink_follows_the_cascade() -> None:
         sink.on_event(e)
     assert set(sink.revoked) == {seg["memoryId"], fact["memoryId"]}
     assert sink.pending == []
+
+
+def _ctx_store(weight: float = 0.5) -> MemoryStore:
+    return MemoryStore(index=IndexTuning(context_weight=weight))
+
+
+def _ids(hits: list) -> list[str]:
+    return [c.memory_id for c in hits]
+
+
+def test_a_segment_is_found_through_the_turn_before_it_in_its_session() -> None:
+    s = _ctx_store()
+    evs = _events(["Which team did you sign with?", "The Minnesota Wolves, I start in May."])
+    other = _events(["Which team did you sign with?"], sid="s2")[:1]
+    for e in evs + other:
+        s.apply(e)
+    question, answer = evs[0]["memoryId"], evs[1]["memoryId"]
+    hits = _ids(s.search_lexical(_req("what team did he sign with"), 5))
+    assert answer in hits and question in hits and other[0]["memoryId"] in hits
+    assert s.context_of(answer).memory_id == question
+    assert s.context_of(question) is None  # the first turn of its session
+    assert s.context_of(other[0]["memoryId"]) is None  # sessions never share context
+    off = _ctx_store(0.0)
+    for e in evs:
+        off.apply(e)
+    assert answer not in _ids(off.search_lexical(_req("what team did he sign with"), 5))
+
+
+def test_revoking_a_turn_removes_it_from_the_next_turns_context() -> None:
+    s = _ctx_store()
+    evs = [e for e in _events(["We repainted the kitchen.", "The wifi code is hunter2.",
+                               "It took two weekends."]) if e["op"] == "segment_recorded"]
+    for e in evs:
+        s.apply(e)
+    first, secret, last = (e["memoryId"] for e in evs)
+    assert last in _ids(s.search_lexical(_req("wifi code"), 5))
+    s.apply({**evs[1], "eventId": "rv", "op": "memory_revoked"})
+    assert _ids(s.search_lexical(_req("wifi code hunter2"), 5)) == []
+    assert s.context_of(last).memory_id == first  # relinked to the turn before the revoked one
+    assert last in _ids(s.search_lexical(_req("repainted kitchen"), 5))
+
+
+def test_context_index_is_the_same_after_a_rebuild_without_revoked_rows() -> None:
+    evs = [e for e in _events(["We repainted the kitchen.", "The wifi code is hunter2.",
+                               "It took two weekends."]) if e["op"] == "segment_recorded"]
+    a = _ctx_store()
+    for e in evs + [{**evs[1], "eventId": "rv", "op": "memory_revoked"}]:
+        a.apply(e)
+    b = _ctx_store()  # what MEMORY.md gives back: the revoked row is simply absent
+    for e in (evs[0], evs[2]):
+        b.apply(e)
+    for q in ("repainted kitchen", "two weekends", "wifi"):
+        assert [(c.memory_id, c.relevance) for c in a.search_lexical(_req(q), 5)] == \
+            [(c.memory_id, c.relevance) for c in b.search_lexical(_req(q), 5)]
+
+
+def test_candidates_name_the_turn_they_follow() -> None:
+    s = _ctx_store()
+    evs = _events(["Which team did you sign with?", "The Minnesota Wolves, I start in May."])
+    for e in evs:
+        s.apply(e)
+    hits = {c.memory_id: c for c in s.search_lexical(_req("minnesota wolves team"), 5)}
+    assert hits[evs[1]["memoryId"]].follows == evs[0]["memoryId"]
+    assert hits[evs[0]["memoryId"]].follows is None

@@ -1,72 +1,129 @@
-"""The vector sink's flush: a bounded batch, and nothing lost when embedding fails."""
+"""VectorSink: a segment's vector carries its session's previous live turn as context."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import numpy as np
+import pytest
 
-from mnemoflow.projections.vector_tier import VectorSink
+from mnemoflow.evaluation.array_index import ArrayIndex
+from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.vector_tier import VectorSink, blend, head
 
-from factories import memory_event
+from factories import HashEmbedder
+
+T0 = 1_700_000_000_000
 
 
-class _Index:
+EMB = HashEmbedder()
+
+
+def seg(mid: str, sid: str, text: str, seq: int) -> dict[str, Any]:
+    return {"op": "segment_recorded", "memoryId": mid, "kind": "segment", "text": text,
+            "scope": "User", "owner": "u", "sessionId": sid, "eventSeq": seq,
+            "eventTime": T0 + seq, "ttlMs": None}
+
+
+def own(text: str) -> np.ndarray:
+    return EMB.embed([text])[0]
+
+
+def run(events: list[dict[str, Any]], weight: float = 0.5,
+        index: ArrayIndex | None = None) -> ArrayIndex:
+    index = index or ArrayIndex()
+
+    async def go() -> None:
+        async with AsyncEmbedder(EMB) as emb:
+            sink = VectorSink(index, emb, batch=2, context_weight=weight)
+            for ev in events:
+                sink.on_event(ev)
+            await sink.flush()
+
+    asyncio.run(go())
+    return index
+
+
+LOG = [seg("a", "s1", "Which team did you sign with?", 1), seg("b", "s1", "The Wolves!", 2),
+       seg("c", "s1", "Congrats, when do you start?", 3), seg("x", "s2", "Unrelated chat", 1)]
+
+
+def test_blend_is_normalised_and_own_without_context() -> None:
+    v = blend(own("a"), own("b"), 0.5)
+    assert np.linalg.norm(v) == pytest.approx(1.0, abs=1e-6)
+    assert np.allclose(v, (own("a") + 0.5 * own("b")) / np.linalg.norm(own("a") + 0.5 * own("b")))
+    assert np.array_equal(blend(own("a"), None, 0.5), own("a"))
+    assert np.array_equal(blend(own("a"), own("b"), 0.0), own("a"))
+
+
+def test_each_segment_is_blended_with_the_previous_turn_of_its_session() -> None:
+    idx = run(LOG)
+    assert np.allclose(idx.vector("a"), own(LOG[0]["text"]))  # first of its session
+    assert np.allclose(idx.vector("b"), blend(own(LOG[1]["text"]), own(LOG[0]["text"]), 0.5))
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[1]["text"]), 0.5))
+    assert np.allclose(idx.vector("x"), own(LOG[3]["text"]))  # sessions never share context
+    plain = run(LOG, weight=0.0)
+    assert all(np.allclose(plain.vector(e["memoryId"]), own(e["text"])) for e in LOG)
+
+
+def test_revoking_a_turn_re_embeds_the_next_with_the_turn_before() -> None:
+    revoke = {**LOG[1], "op": "memory_revoked"}
+    idx = run(LOG + [revoke])
+    assert idx.vector("b") is None
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[0]["text"]), 0.5))
+    # the same as a rebuild that never saw the revoked turn
+    rebuilt = run([LOG[0], LOG[2], LOG[3]])
+    assert np.allclose(rebuilt.vector("c"), idx.vector("c"))
+
+
+def test_a_restarted_sink_rebuilds_the_context_from_the_replayed_log() -> None:
+    idx = run(LOG[:2])  # first run: a and b written
+    run(LOG, index=idx)  # restart: the whole log again, only c and x are new
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[1]["text"]), 0.5))
+    assert len(idx) == 4
+
+
+def test_only_the_head_of_a_long_memory_is_embedded() -> None:
+    assert head("short text", 0) == "short text"
+    assert head("alpha beta gamma delta", 14) == "alpha beta"  # cut at the last space
+    assert head("x" * 40, 10) == "x" * 10  # no space: a hard cut
+    long = "word " * 200
+    idx = ArrayIndex()
+
+    async def go() -> None:
+        async with AsyncEmbedder(EMB) as emb:
+            sink = VectorSink(idx, emb, context_weight=0.0, embed_max_chars=50)
+            sink.on_event(seg("l", "s9", long, 1))
+            await sink.flush()
+
+    asyncio.run(go())
+    assert np.allclose(idx.vector("l"), own(head(long, 50)))
+
+
+class FlakyEmbedder(HashEmbedder):
     def __init__(self) -> None:
-        self.ids: set[str] = set()
-        self.revoked: list[str] = []
+        self.fail = True
 
-    def add(self, rows: list[dict], vectors: np.ndarray) -> None:
-        assert len(rows) == len(vectors)
-        self.ids.update(r["memory_id"] for r in rows)
-
-    def revoke(self, mid: str) -> None:
-        self.revoked.append(mid)
-        self.ids.discard(mid)
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("embedder down")
+        return super().embed(texts)
 
 
-class _Embedder:
-    """Fails the first `failures` calls, then gives zero vectors."""
+def test_rows_of_a_failed_flush_are_written_by_the_next() -> None:
+    idx = ArrayIndex()
 
-    def __init__(self, failures: int = 0, during=None) -> None:
-        self.failures, self.calls, self.during = failures, 0, during
+    async def go() -> None:
+        async with AsyncEmbedder(FlakyEmbedder()) as emb:
+            sink = VectorSink(idx, emb, context_weight=0.5)
+            for ev in LOG:
+                sink.on_event(ev)
+            with pytest.raises(RuntimeError):
+                await sink.flush()
+            assert len(idx) == 0
+            assert await sink.flush() == len(LOG)
 
-    async def embed(self, texts: list[str], timeout: float) -> np.ndarray:
-        self.calls += 1
-        if self.during is not None:
-            self.during()
-        if self.calls <= self.failures:
-            raise TimeoutError("embedding timed out")
-        return np.zeros((len(texts), 4), dtype=np.float32)
-
-
-async def test_a_failed_flush_keeps_what_it_did_not_write() -> None:
-    index, emb = _Index(), _Embedder(failures=1)
-    sink = VectorSink(index, emb, batch=2)  # type: ignore[arg-type]
-    for i in range(3):
-        sink.on_event(memory_event(f"m{i}", ["atlas"]))
-    sink.on_event({**memory_event("m9", []), "eventId": "rv", "op": "memory_revoked"})
-    try:
-        await sink.flush()
-    except TimeoutError:
-        pass
-    assert index.ids == set() and [r["memory_id"] for r in sink.pending] == ["m0", "m1", "m2"]
-    assert sink.revoked == ["m9"]
-    assert await sink.flush() == 3
-    assert index.ids == {"m0", "m1", "m2"} and index.revoked == ["m9"] and sink.pending == []
-
-
-async def test_a_flush_writes_only_what_was_buffered_when_it_began() -> None:
-    index = _Index()
-    sink: VectorSink
-    late = iter(range(100, 103))
-
-    def arrive() -> None:  # records keep arriving while the flush embeds
-        for i in late:
-            sink.on_event(memory_event(f"m{i}", ["atlas"]))
-            break
-
-    sink = VectorSink(index, _Embedder(during=arrive), batch=1)  # type: ignore[arg-type]
-    sink.on_event(memory_event("m0", ["atlas"]))
-    sink.on_event(memory_event("m1", ["atlas"]))
-    assert await sink.flush() == 2  # ends although records arrived during it
-    assert index.ids == {"m0", "m1"} and [r["memory_id"] for r in sink.pending] == ["m100",
-                                                                                   "m101"]
+    asyncio.run(go())
+    assert np.allclose(idx.vector("b"), blend(own(LOG[1]["text"]), own(LOG[0]["text"]), 0.5))

@@ -1,0 +1,74 @@
+"""Calibration: folds, the cached replay equals the full offline path, the search only climbs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.evaluation import calibrate as C
+from mnemoflow.evaluation import offline
+from mnemoflow.evaluation.datasets import Question
+
+from factories import HashEmbedder, tiny_bench
+
+
+def _q(qid: str, cat: str) -> Question:
+    return Question(qid, "u", "?", 0, cat, frozenset(), frozenset())
+
+
+def test_longmemeval_folds_are_stratified_and_deterministic() -> None:
+    qs = [_q(f"{c}{i}", c) for c in ("temporal", "multi") for i in range(10)]
+    f = C.folds_longmemeval(qs)
+    assert f == C.folds_longmemeval(list(reversed(qs)))
+    for cat in ("temporal", "multi"):
+        counts = [sum(1 for q in qs if q.category == cat and f[q.qid] == k) for k in range(5)]
+        assert counts == [2] * 5
+
+
+def test_locomo_folds_are_conversations() -> None:
+    qs = [replace(_q(f"q{i}", "1"), user=u) for i, u in enumerate(["conv-2", "conv-1", "conv-2"])]
+    assert C.folds_locomo(qs) == {"q0": 1, "q1": 0, "q2": 1}
+
+
+def _prepared(t):
+    bench = tiny_bench()
+    return C.prepare("locomo", bench, t, HashEmbedder(), C.folds_locomo(bench.questions))
+
+
+def test_cached_replay_gives_the_broker_audits_ranked_list() -> None:
+    t = load_tuning()
+    p = _prepared(t)
+    world = offline.build_world(p.bench, t, embedder=HashEmbedder())
+    full = offline.ask_all(world)
+    res = p.recall_results(t)
+    for qid, req in p.requests.items():
+        assert C.ranked_turns(req, res[qid], t.rank) == full[qid].ranked_turns
+    world.close()
+
+
+def test_search_never_returns_a_worse_objective_than_its_start() -> None:
+    t = load_tuning()
+    bad = C.set_knob(replace(t, rank=replace(t.rank, fusion="convex")), "rank.lexical_share", 0.0)
+    p = _prepared(bad)
+    split = [(p, list(p.folds))]
+    start_score, _, _ = C.objective(split, bad)
+    best, trace = C.coordinate_search(split, bad, {"rank.lexical_share": [0.0, 0.5, 1.0]},
+                                      log=lambda _: None)
+    assert C.objective(split, best)[0] >= start_score
+    assert trace[0]["objective"] == start_score
+    assert C.get_knob(best, "rank.lexical_share") in (0.0, 0.5, 1.0)
+
+
+def test_render_lists_every_fold_and_knob() -> None:
+    sc = {"turn_recall@10": 0.5, "session_recall_any@5": 1.0}
+    fold = {"fold": 0, "held_out": {"locomo": {"questions": 3, "users": ["conv-26"]}},
+            "objective_train": 0.7, "objective_held_out": 0.6, "knobs": {"rank.base": 0.1},
+            "train": {"locomo": sc, "longmemeval_s": sc},
+            "held_out_scores": {"locomo": sc, "longmemeval_s": sc}}
+    report = {"space": {"rank.base": [0.0, 0.1]}, "start": {"rank.base": 0.0},
+              "final": {"rank.base": 0.1},
+              "cross_validation": {"folds": [fold], "pooled_held_out": {"locomo": sc}}}
+    text = C.render(report)
+    assert "| 0 | conv-26 + LME fold 0 | 0.700 | 0.600 |" in text
+    assert "| rank.base | 0.0 | 0.1 | 0.1 |" in text
+    assert "| locomo | nan | nan | nan | 0.500 | nan | 1.000 | nan |" in text
