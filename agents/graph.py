@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnemoflow.agents.ids import stable_id
+from mnemoflow.agents.memory_events import REVOKE_OPS
 
 ENTITY = "entity:"
 MEMORY_KINDS = frozenset({"segment", "episode", "fact", "procedure"})
 RECORD_OPS = frozenset({"segment_recorded", "episode_recorded", "fact_proposed", "fact_upserted",
                         "fact_conflicted", "procedure_observed", "procedure_staged",
                         "procedure_promoted"})
-REVOKE_OPS = frozenset({"memory_revoked", "fact_revoked", "procedure_deprecated"})
 LINK_ADDED, LINK_REVOKED = "link_added", "link_revoked"
 
 Chain = frozenset[tuple[str, str]]

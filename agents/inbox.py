@@ -75,7 +75,8 @@ class _Pending:
     meta: OpMeta
     source: PacketSource
 
-    def packet(self) -> Packet:
+    def packet(self) -> Packet | None:
+        """The packet, decoded on first use; None if its body cannot be read."""
         if callable(self.source):
             self.source = self.source()
         return self.source
@@ -94,7 +95,22 @@ class PendingState:
 
     @property
     def pending(self) -> tuple[Packet, ...]:
-        return tuple(p.packet() for p in self.pending_by_id.values())
+        return tuple(self._packets(self.pending_by_id.values()))
+
+    def _packets(self, entries: Any) -> list[Packet]:
+        """Decoded packets; one whose body cannot be read is dropped with its reason, so it
+        can never block the session's inbox."""
+        out = []
+        for e in list(entries):
+            p = e.packet()
+            if p is None:
+                pid = e.meta.packet_id or ""
+                self.pending_by_id.pop(pid, None)
+                self.pending_digests.discard(e.meta.digest or "")
+                self.dropped.append((pid, "undecodable"))
+            else:
+                out.append(p)
+        return out
 
     def pending_ids(self) -> list[str]:
         return list(self.pending_by_id)
@@ -109,8 +125,7 @@ class PendingState:
             if p is not None:
                 self.pending_digests.discard(p.meta.digest or "")
                 out.append(p)
-            if self.steer:
-                self.steer.discard(pid)
+            self.steer.discard(pid)
         return out
 
     def apply(self, op: dict[str, Any], offset: int = -1,
@@ -167,8 +182,9 @@ def fold(ops: list[tuple[int, dict[str, Any]]]) -> PendingState:
 
 def split_expired(state: PendingState, now_ms: int) -> tuple[list[Packet], list[Packet]]:
     """(live, expired) pending packets at event time `now_ms`; expired are never delivered."""
-    live = [p.packet() for p in state.pending_by_id.values() if p.meta.expiry > now_ms]
-    dead = [p.packet() for p in state.pending_by_id.values() if p.meta.expiry <= now_ms]
+    entries = list(state.pending_by_id.values())
+    live = state._packets(e for e in entries if e.meta.expiry > now_ms)
+    dead = state._packets(e for e in entries if e.meta.expiry <= now_ms)
     return live, dead
 
 

@@ -16,6 +16,8 @@ from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.text import entities as text_entities
 
 SCOPES = ("Turn", "Session", "Workspace", "User", "External")
+# the ops after which a memory is never recalled again (every projection honours them)
+REVOKE_OPS = frozenset({"memory_revoked", "fact_revoked", "procedure_deprecated"})
 HOST_CONFIDENCE = 0.9  # an explicit host write is as good as a user statement, never certain
 
 

@@ -109,10 +109,12 @@ def structured_relevance(candidates: Sequence[Candidate], fused: dict[str, float
     if t.session_weight:
         best: dict[str, list[float]] = {}
         for c in candidates:
-            best.setdefault(c.session_id, []).append(rel[c.memory_id])
+            if c.session_id:  # host writes have no session: they are not one pseudo-session
+                best.setdefault(c.session_id, []).append(rel[c.memory_id])
         score = {s: sum(sorted(v, reverse=True)[:SESSION_TOP]) for s, v in best.items()}
         for c in candidates:
-            out[c.memory_id] += t.session_weight * score[c.session_id]
+            if c.session_id:
+                out[c.memory_id] += t.session_weight * score[c.session_id]
     return {m: round(v, 9) for m, v in out.items()}
 
 

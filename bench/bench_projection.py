@@ -28,8 +28,8 @@ from mnemoflow.agents.ids import stable_id
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
 from mnemoflow.projections.markdown import MarkdownSink
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_index import IndexMeta, open_index
-from mnemoflow.projections.vector_tier import VectorSink
+from mnemoflow.projections.vector_index import open_index
+from mnemoflow.projections.vector_tier import VectorSink, index_meta
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.projector import MemoryLogProjector
@@ -75,8 +75,7 @@ async def main(args: argparse.Namespace) -> dict:
     await embedder.warm_up()
     with tempfile.TemporaryDirectory() as tmp:
         store = MemoryStore()
-        index = open_index(Path(tmp) / "lancedb", IndexMeta(embedder.name, embedder.dim,
-                                                            embedder.version))
+        index = open_index(Path(tmp) / "lancedb", index_meta(embedder, store.index_tuning))
         sinks = [MarkdownSink(Path(tmp) / "md", store), VectorSink(index, embedder, store=store)]
         proj = MemoryLogProjector(bootstrap, s.topic("memory-log"), store, reg,
                                   s.client_kwargs(), sinks=sinks)

@@ -3,7 +3,7 @@
 Same `add` / `revoke` / `search` / `ids` surface and the same filters (scope chain, revoked,
 event time before the request, expiry, optional event-time window), computed as an exact
 flat scan like LanceDB below its ANN threshold. Similarities are cosines rounded to 1e-6 as
-VectorIndex returns them; equal similarities keep insertion order. Rows are grouped by
+VectorIndex returns them; equal similarities go by memory id, as there. Rows are grouped by
 (scope, owner), so a search touches only the caller's own memories.
 """
 
@@ -80,8 +80,7 @@ class ArrayIndex:
         """(memory_id, cosine similarity), best first, only within the scope chain."""
         q = np.asarray(vector, np.float32)
         q = q / (np.linalg.norm(q) or 1.0)
-        found: list[tuple[float, int, str]] = []
-        order = 0
+        found: list[tuple[float, str]] = []
         for key in sorted(chain):
             g = self._groups.get(key)
             if g is None or not g.ids:
@@ -93,7 +92,6 @@ class ArrayIndex:
             idx = np.nonzero(ok)[0]
             sims = m[idx] @ q
             for i, s in zip(idx, sims, strict=True):
-                found.append((-round(float(s), 6), order + int(i), g.ids[i]))
-            order += len(g.ids)
-        found.sort()
-        return [(mid, -neg) for neg, _, mid in found[:k]]
+                found.append((-round(float(s), 6), g.ids[i]))
+        found.sort()  # equal similarities by memory id, as the LanceDB index merges them
+        return [(mid, -neg) for neg, mid in found[:k]]

@@ -187,9 +187,10 @@ def build_world(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bo
         world.embedder = AsyncEmbedder(inner)
         index = None
         if lancedb_dir is not None:
-            from mnemoflow.projections.vector_index import IndexMeta, open_index
+            from mnemoflow.projections.vector_index import open_index
+            from mnemoflow.projections.vector_tier import index_meta
 
-            index = open_index(lancedb_dir, IndexMeta(inner.name, inner.dim, inner.version))
+            index = open_index(lancedb_dir, index_meta(inner, tuning.index))
         world.index = build_vectors(events, tuning, world.embedder, index)
         # the questions in one batch: the tier's per-query embeds are then cache hits
         inner.embed(sorted({q.text for q in bench.questions}))
@@ -276,7 +277,8 @@ def ask_all(world: World, questions: Sequence[Question] | None = None) -> dict[s
 
 
 def baseline_lists(world: World) -> dict[str, dict[str, list[str]]]:
-    """BM25 (rank_bm25) over the same turns; flat cosine over the vectors the index holds."""
+    """BM25 (rank_bm25) over the same turns; flat cosine over the plain turn texts' vectors
+    (the index holds context-blended ones, which would not be a plain-cosine baseline)."""
     lists = {"bm25": baselines.bm25(world.bench)}
     if world.index is not None and world.embedder is not None:
         tv: dict[tuple[str, str], np.ndarray] = {}

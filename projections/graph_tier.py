@@ -103,10 +103,10 @@ class GraphTier:
             if is_entity(mid):
                 continue
             rec = self.store.records.get(mid)
-            if (rec is None or rec.revoked or rec.kind not in MEMORY_KINDS
+            if (rec is None or not self.store.recallable(mid) or rec.kind not in MEMORY_KINDS
                     or (rec.scope, rec.owner) not in chain or rec.event_time >= before):
-                continue
-            out.append(rec.candidate(round(score, 12)))
+                continue  # recallable: not revoked, disputed, a candidate or an early procedure
+            out.append(self.store.candidate(rec, round(score, 12)))
             if len(out) >= k:
                 break
         return out
@@ -125,11 +125,16 @@ class GraphSink:
     graph: GraphState
     store: MemoryStore | None = None  # its revocations (superseded facts) keep evidence honest
     min_count: int = 2
-    touched: set[str] = field(default_factory=set)
+    # memories not yet offered for links, oldest first; bounded, because only the leader's
+    # idle timer takes them (other workers fold the same log and would only accumulate)
+    touched: dict[str, None] = field(default_factory=dict)
+    max_touched: int = 100_000
 
     def on_event(self, ev: dict[str, Any]) -> None:
         if self.graph.apply(ev) and ev["op"] in RECORD_OPS:
-            self.touched.add(ev["memoryId"])
+            self.touched[ev["memoryId"]] = None
+            if len(self.touched) > self.max_touched:
+                del self.touched[next(iter(self.touched))]
 
     def flush(self) -> int:
         """Nothing is buffered: the graph is current after every on_event."""
@@ -138,6 +143,7 @@ class GraphSink:
     def take_proposals(self, limit: int = 2000) -> list[dict[str, Any]]:
         """`link_added` records for up to `limit` arrived memories, in id order."""
         batch = sorted(self.touched)[:limit]
-        self.touched.difference_update(batch)
+        for mid in batch:
+            del self.touched[mid]
         alive = _alive(self.store) if self.store is not None else None
         return propose_links(self.graph, batch, self.min_count, alive=alive)

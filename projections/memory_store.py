@@ -27,11 +27,10 @@ from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.episodes import Episode
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
-from mnemoflow.agents.memory_events import json_list, parse_list
+from mnemoflow.agents.memory_events import REVOKE_OPS, json_list, parse_list
 from mnemoflow.agents.text import digest, semantic_key
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 
-REVOKE_OPS = {"memory_revoked", "fact_revoked", "procedure_deprecated"}
 PROCEDURE_OPS = {"procedure_observed", "procedure_staged", "procedure_promoted",
                  "procedure_deprecated", "procedure_approved"}
 
@@ -152,6 +151,9 @@ class MemoryStore:
         # every id that became unrecallable for good, in fold order (direct, cascaded,
         # deprecated): lets projections such as the vector index follow the cascade
         self.revocations: list[str] = []
+        # segments whose context changed because the turn before them was revoked, in fold
+        # order: the vector projection re-embeds them
+        self.relinked: list[str] = []
 
     @property
     def version(self) -> str:
@@ -266,7 +268,7 @@ class MemoryStore:
             self.lexical.remove(mid)
             self.revocations.append(mid)
             nxt = self.records.get(self._next_of.pop(mid, ""))
-            if nxt is not None and not nxt.revoked and nxt.memory_id in self.lexical:
+            if nxt is not None and not nxt.revoked:
                 # the next segment now follows the one before the revoked one (as a rebuild
                 # from MEMORY.md, which omits revoked rows, would index it)
                 prev = self._live_segment(self._context_of.get(mid))
@@ -276,6 +278,7 @@ class MemoryStore:
                 else:
                     self._context_of.pop(nxt.memory_id, None)
                 self._sync(nxt.memory_id)
+                self.relinked.append(nxt.memory_id)
         self.fact_candidates.pop(mid, None)
         self._cascade(mid)
 
@@ -406,8 +409,13 @@ class MemoryStore:
         if mid in self.fact_candidates:
             cand = self.fact_candidates.pop(mid)
             attrs = {**cand["attributes"], "status": "confirmed"}
-            self.records.pop(mid, None)
+            old = self.records.pop(mid, None)
             self._fact({**cand, "attributes": attrs})
+            if mid not in self.records and old is not None:
+                # refused (an inference against a user's fact): it leaves the read indices too
+                self.by_owner.get((old.scope, old.owner), set()).discard(mid)
+                self.by_kind.get(old.kind, set()).discard(mid)
+                self.by_session.get(old.session_id, set()).discard(mid)
             if ev.get("source") in ("user", "host"):
                 self.anchored.add(mid)  # a person vouched for it: it now stands on its own
             found = True

@@ -9,8 +9,8 @@ from typing import Any
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
 from mnemoflow.projections.markdown import MarkdownSink, events_from_markdown
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_index import IndexMeta, VectorIndex, open_index
-from mnemoflow.projections.vector_tier import VectorSink
+from mnemoflow.projections.vector_index import VectorIndex, open_index
+from mnemoflow.projections.vector_tier import VectorSink, index_meta
 
 
 def default_embedder() -> AsyncEmbedder:
@@ -21,8 +21,7 @@ async def rebuild(events: list[dict[str, Any]], index_path: Path, embedder: Asyn
                   markdown_root: Path | None = None) -> tuple[MemoryStore, VectorIndex]:
     """Fold `events` into a fresh store, re-embed into a fresh index, optionally rewrite Markdown."""
     store = MemoryStore()
-    meta = IndexMeta(embedder.name, embedder.dim, embedder.version)
-    index = open_index(index_path, meta, rebuild=True)
+    index = open_index(index_path, index_meta(embedder, store.index_tuning), rebuild=True)
     sink = VectorSink(index, embedder, store=store)
     md = MarkdownSink(markdown_root, store) if markdown_root else None
     for ev in events:

@@ -13,7 +13,6 @@ its previous-turn map is rebuilt before any new row is written.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,14 +20,12 @@ from typing import Any
 import numpy as np
 
 from mnemoflow.agents.candidate import Candidate, scope_chain
-from mnemoflow.agents.tuning import packaged_index_tuning
+from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_index import VectorIndex
+from mnemoflow.projections.vector_index import IndexMeta, VectorIndex
 
 EMBED_KINDS = ("segment", "episode", "fact", "procedure")
-REVOKE_OPS = ("memory_revoked", "fact_revoked", "procedure_deprecated")
-CONTEXT_CAP = 100_000  # sessions (and rows) whose latest segment the sink remembers
 
 
 def _default_context_weight() -> float:
@@ -37,6 +34,17 @@ def _default_context_weight() -> float:
 
 def _default_embed_max_chars() -> int:
     return packaged_index_tuning().embed_max_chars
+
+
+def index_meta(embedder: AsyncEmbedder | Any, tuning: IndexTuning) -> IndexMeta:
+    """What the index records it was built with: the model, and how vectors were made of it.
+
+    The turn-context blend and the embedded head are part of what a vector means, so an index
+    built with other values is refused (and rebuilt), never mixed.
+    """
+    return IndexMeta(embedder.name, embedder.dim,
+                     f"{embedder.version}+ctx{tuning.vector_context_weight:g}"
+                     f"+head{tuning.embed_max_chars}")
 
 
 def head(text: str, max_chars: int) -> str:
@@ -88,13 +96,12 @@ class VectorTier:
 class VectorSink:
     """Buffers memory-log records, embeds them in batches off the loop, writes LanceDB.
 
-    Segments get the previous live segment of their session as context (module docstring).
-    When that segment is revoked, the next one is re-embedded with the segment before it,
-    which is what a rebuild from the log or from MEMORY.md (revoked rows absent) gives.
-
-    With `store` (the MemoryStore folded just before each event) it also drops what the fold
-    revoked without an event of its own: facts cascading from a revoked segment, procedures
-    whose evidence was revoked.
+    The turn context comes from the MemoryStore's chain (`store.context_of`), the same one the
+    lexical index uses, read when a row is written; when the store re-links a segment because
+    the turn before it was revoked (`store.relinked`), a row already written is written again,
+    which is what a rebuild from the log or from MEMORY.md (revoked rows absent) gives. The
+    sink also follows every revocation the fold made (`store.revocations`), cascades included.
+    Given no store, it folds the events into one of its own (tests, the offline replay).
     """
 
     index: VectorIndex
@@ -103,99 +110,81 @@ class VectorSink:
     timeout_s: float = 600.0
     context_weight: float = field(default_factory=_default_context_weight)
     embed_max_chars: int = field(default_factory=_default_embed_max_chars)
+    store: MemoryStore | None = None
     pending: list[dict[str, Any]] = field(default_factory=list)
     revoked: list[str] = field(default_factory=list)
     written: int = 0
-    store: MemoryStore | None = None
+    _own_store: bool = False
     _seen_revocations: int = 0
-    # bounded maps of recent segments: memory id -> row, session -> latest segment,
-    # memory id -> the segment whose context it is; ids of revoked memories
-    _rows: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
-    _last: OrderedDict[str, str] = field(default_factory=OrderedDict)
-    _next: dict[str, str] = field(default_factory=dict)
-    _gone: set[str] = field(default_factory=set)
-    _redo: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _seen_relinks: int = 0
+    _redo: set[str] = field(default_factory=set)  # written rows whose context changed
     _pending_ids: set[str] = field(default_factory=set)
 
-    def _live(self, mid: str | None) -> dict[str, Any] | None:
-        """The row of `mid`, or of the nearest live segment before it in its session."""
-        while mid is not None and mid in self._gone:
-            row = self._rows.get(mid)
-            mid = row["context_id"] if row else None
-        return self._rows.get(mid) if mid is not None else None
+    def __post_init__(self) -> None:
+        if self.store is None:
+            self.store, self._own_store = MemoryStore(), True
 
-    def _remember(self, row: dict[str, Any], session_id: str) -> None:
-        mid = row["memory_id"]
-        if mid in self._rows:
-            return  # a redelivered or re-recorded segment keeps its first context
-        prev = self._live(self._last.get(session_id))
-        row["context_id"] = prev["memory_id"] if prev else None
-        row["context_text"] = prev["text"] if prev else None
-        if prev:
-            self._next[prev["memory_id"]] = mid
-        self._rows[mid] = row
-        self._last[session_id] = mid
-        self._last.move_to_end(session_id)
-        for m in (self._rows, self._last):
-            while len(m) > CONTEXT_CAP:
-                gone, _ = m.popitem(last=False)
-                self._next.pop(gone, None)
+    def _follow_store(self) -> None:
+        st = self.store
+        assert st is not None
+        for mid in st.revocations[self._seen_revocations:]:
+            self.revoked.append(mid)
+            self._redo.discard(mid)
+            if mid in self._pending_ids:
+                self._pending_ids.discard(mid)
+                self.pending = [r for r in self.pending if r["memory_id"] != mid]
+        self._seen_revocations = len(st.revocations)
+        for mid in st.relinked[self._seen_relinks:]:
+            if mid in self.index.ids:  # pending rows read their context when written
+                self._redo.add(mid)
+        self._seen_relinks = len(st.relinked)
 
     def on_event(self, ev: dict[str, Any]) -> None:
-        if self.store is not None:
-            for mid in self.store.revocations[self._seen_revocations:]:
-                if mid not in self._gone:
-                    self._revoke(mid)
-            self._seen_revocations = len(self.store.revocations)
-        if ev["op"] in REVOKE_OPS:
-            if ev["memoryId"] not in self._gone:
-                self._revoke(ev["memoryId"])
-            return
-        if ev["kind"] not in EMBED_KINDS or not ev.get("text"):
-            return
+        st = self.store
+        assert st is not None
+        if self._own_store:
+            st.apply(ev)
+        self._follow_store()
+        mid = ev["memoryId"]
+        rec = st.records.get(mid)
+        if ev["kind"] not in EMBED_KINDS or not ev.get("text") or rec is None or rec.revoked:
+            return  # nothing to embed, or revoked (a redelivered record must not come back)
+        if mid in self.index.ids or mid in self._pending_ids:
+            return  # already embedded (the index persists across restarts) or buffered
         ttl = ev.get("ttlMs")
-        row = {"memory_id": ev["memoryId"], "kind": ev["kind"], "text": ev["text"],
-               "scope": ev["scope"], "owner": ev["owner"], "event_time": ev["eventTime"],
-               "expires_at": ev["eventTime"] + ttl if ttl else 0,
-               "context_id": None, "context_text": None}
-        if ev["kind"] == "segment":
-            self._remember(row, ev["sessionId"])
-            row = self._rows.get(ev["memoryId"], row)
-        if ev["memoryId"] in self.index.ids:
-            return  # already embedded by an earlier run: the index persists across restarts
-        if row["memory_id"] not in self._pending_ids:
-            self._pending_ids.add(row["memory_id"])
-            self.pending.append(row)
+        self._pending_ids.add(mid)
+        self.pending.append({"memory_id": mid, "kind": ev["kind"], "text": ev["text"],
+                             "scope": ev["scope"], "owner": ev["owner"],
+                             "event_time": ev["eventTime"],
+                             "expires_at": ev["eventTime"] + ttl if ttl else 0})
 
-    def _revoke(self, mid: str) -> None:
-        self.revoked.append(mid)
-        self._gone.add(mid)
-        self.pending = [r for r in self.pending if r["memory_id"] != mid]
-        self._pending_ids.discard(mid)
-        nxt = self._rows.get(self._next.pop(mid, ""))
-        if nxt is None or nxt["memory_id"] in self._gone:
-            return
-        prev = self._live(mid)
-        nxt["context_id"] = prev["memory_id"] if prev else None
-        nxt["context_text"] = prev["text"] if prev else None
-        if prev:
-            self._next[prev["memory_id"]] = nxt["memory_id"]
-        if nxt["memory_id"] in self.index.ids:  # written already: write it again
-            self._redo[nxt["memory_id"]] = nxt
+    def _context_text(self, row: dict[str, Any]) -> str | None:
+        if self.context_weight <= 0 or row["kind"] != "segment" or self.store is None:
+            return None
+        prev = self.store.context_of(row["memory_id"])
+        return prev.text if prev is not None and prev.text else None
 
     async def _write(self, rows: list[dict[str, Any]]) -> None:
-        use = self.context_weight > 0
+        # the contexts are read once, before the await: the fold goes on meanwhile
+        ctx = [self._context_text(r) for r in rows]
         texts = [head(r["text"], self.embed_max_chars) for r in rows]
-        ctx = [head(r["context_text"], self.embed_max_chars)
-               for r in rows if use and r.get("context_text")]
-        vecs = np.asarray(await self.embedder.embed(texts + ctx, self.timeout_s))
+        extra = [head(c, self.embed_max_chars) for c in ctx if c]
+        vecs = np.asarray(await self.embedder.embed(texts + extra, self.timeout_s))
         ctx_vecs = iter(vecs[len(rows):])
-        out = np.stack([blend(v, next(ctx_vecs) if use and r.get("context_text") else None,
-                              self.context_weight) for v, r in zip(vecs[: len(rows)], rows,
-                                                                   strict=True)])
-        clean = [{k: v for k, v in r.items() if k not in ("context_id", "context_text")}
-                 for r in rows]
-        await asyncio.get_running_loop().run_in_executor(None, self.index.add, clean, out)
+        out = np.stack([blend(v, next(ctx_vecs) if c else None, self.context_weight)
+                        for v, c in zip(vecs[: len(rows)], ctx, strict=True)])
+        await asyncio.get_running_loop().run_in_executor(None, self.index.add, rows, out)
+
+    def _rewrite_rows(self, ids: set[str]) -> list[dict[str, Any]]:
+        assert self.store is not None
+        rows = []
+        for mid in sorted(ids):
+            rec = self.store.records.get(mid)
+            if rec is not None and not rec.revoked:
+                rows.append({"memory_id": mid, "kind": rec.kind, "text": rec.text,
+                             "scope": rec.scope, "owner": rec.owner,
+                             "event_time": rec.event_time, "expires_at": rec.expires_at or 0})
+        return rows
 
     async def flush(self) -> int:
         """Embed and write what was buffered when the flush began; returns rows written.
@@ -207,6 +196,7 @@ class VectorSink:
         loop = asyncio.get_running_loop()
         todo, self.pending = self.pending, []
         revoked, self.revoked = self.revoked, []
+        redo, self._redo = self._redo, set()
         n = 0
         try:
             while todo:
@@ -218,13 +208,14 @@ class VectorSink:
             while revoked:
                 await loop.run_in_executor(None, self.index.revoke, revoked[0])
                 revoked.pop(0)
-            redo = [r for m, r in sorted(self._redo.items()) if m not in self._gone]
-            if redo:  # a revoked text stops being another vector's context
-                await self._write(redo)
-                self._redo.clear()
+            rows = self._rewrite_rows(redo)
+            if rows:  # a revoked text stops being another vector's context
+                await self._write(rows)
+            redo = set()
         except BaseException:
             self.pending = todo + self.pending
             self.revoked = revoked + self.revoked
+            self._redo |= redo
             raise
         finally:
             self.written += n

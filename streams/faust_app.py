@@ -54,6 +54,7 @@ class _Consumer(driver.Consumer):
         read_offset = self._read_offset
         commit_every = self._commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for  # False for compacted changelogs
+        sought: dict[Any, int] = {}  # partition -> the offset a gap already sought back to
         num_since_yield = 0
         try:
             while not (self._stopped.is_set() or fetcher._stopped.is_set()):
@@ -74,9 +75,13 @@ class _Consumer(driver.Consumer):
                     offset, expected = message.offset, read_offset.get(tp)
                     if expected is not None and offset < expected:
                         continue  # delivered already: a refetch after a seek
-                    if expected is not None and offset > expected and acks_enabled_for(tp.topic):
+                    if (expected is not None and offset > expected
+                            and acks_enabled_for(tp.topic) and sought.get(tp) != expected):
+                        # once per gap: if the refetch lands past it again, the records are
+                        # gone from the log (retention, a reset to earliest) and we go on
                         self.log.warning("offset gap on %r (%r -> %r): seeking back", tp,
                                          expected, offset)
+                        sought[tp] = expected
                         await self.seek(tp, expected)
                         resync.add(tp)
                         continue
@@ -96,6 +101,9 @@ class _Consumer(driver.Consumer):
         except asyncio.CancelledError:
             if self.transport.app.should_stop:
                 return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
             raise
         finally:
             self.diag.unset_flag(CONSUMER_FETCHING)

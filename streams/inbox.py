@@ -115,7 +115,12 @@ class InboxClient:
         return fold.sessions.get(session_id, PendingState())
 
     def _loader(self, value: bytes) -> Any:
-        return lambda: self.registry.decode(value, INBOX_SCHEMA)[1]["packet"]
+        def load() -> dict[str, Any] | None:
+            try:
+                return self.registry.decode(value, INBOX_SCHEMA)[1]["packet"]
+            except DecodeError:  # e.g. a newer schema mid-upgrade: never handed out
+                return None
+        return load
 
     async def _write(self, op: dict[str, Any]) -> int:
         md = await self.producer.send(self.topic, INBOX_SCHEMA, op["sessionId"], op,

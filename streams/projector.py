@@ -21,7 +21,7 @@ from mnemoflow.streams.reader import topic_partitions
 
 
 class Sink(Protocol):
-    """A projection fed event by event and flushed once per consumed batch."""
+    """A projection fed event by event, and flushed in the background between batches."""
 
     def on_event(self, ev: dict[str, Any]) -> None: ...
 
@@ -73,9 +73,9 @@ class MemoryLogProjector:
                     for m in msgs:
                         try:
                             _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
-                            self.store.apply(ev)
-                            for sink in self.sinks:
-                                sink.on_event(ev)
+                            if self.store.apply(ev):  # False: a redelivered record
+                                for sink in self.sinks:
+                                    sink.on_event(ev)
                         except DecodeError as exc:
                             self.skipped += 1  # the observer dead-letters at the source
                             log.warning("memory-log %s@%s skipped: %s", tp, m.offset, exc)

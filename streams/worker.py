@@ -38,8 +38,8 @@ from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniL
 from mnemoflow.projections.graph_tier import GraphSink, GraphTier
 from mnemoflow.projections.markdown import MarkdownSink
 from mnemoflow.projections.memory_store import LexicalTier, MemoryStore
-from mnemoflow.projections.vector_index import IndexMeta, open_index
-from mnemoflow.projections.vector_tier import VectorSink, VectorTier
+from mnemoflow.projections.vector_index import open_index
+from mnemoflow.projections.vector_tier import VectorSink, VectorTier, index_meta
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
@@ -80,7 +80,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
                    extra_tiers: list[TierSpec] | None = None) -> Pipeline:
     tuning = tuning or load_tuning(settings.weights_file)
     registry = default_registry()
-    store = MemoryStore()
+    store = MemoryStore(index=tuning.index)
     kw: dict[str, Any] = {}
     datadir = settings.home / "faust" / settings.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
@@ -106,9 +106,11 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     embedder = None
     if settings.vector:
         embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
-        meta = IndexMeta(embedder.name, embedder.dim, embedder.version)
-        index = open_index(settings.home / "lancedb" / settings.app_id, meta)
-        sinks.append(VectorSink(index, embedder, store=store))
+        index = open_index(settings.home / "lancedb" / settings.app_id,
+                           index_meta(embedder, tuning.index))
+        sinks.append(VectorSink(index, embedder, store=store,
+                                context_weight=tuning.index.vector_context_weight,
+                                embed_max_chars=tuning.index.embed_max_chars))
         store.name = f"lexical+vector:{embedder.version}"  # the retrievalVersion says which
         tiers.append(TierSpec(VectorTier(store, index, embedder), timeout_s=3.0))
     graph_sink = None

@@ -92,3 +92,12 @@ def test_claims_are_paged_fifo() -> None:
     pages = claim_pages(ids)
     assert [len(p) for p in pages] == [256, 256, 88] and sum(pages, []) == ids
     assert claim_pages([]) == []
+
+
+def test_a_packet_whose_body_cannot_be_read_is_dropped_not_blocking() -> None:
+    st = PendingState()
+    for off, op in enumerate([_op("inject", "i1", _packet("p1")), _op("inject", "i2", _packet("p2"))]):
+        st.apply_meta(meta_of(op), (lambda: None) if off == 0 else op["packet"], off)
+    live, dead = split_expired(st, 0)
+    assert [p["packetId"] for p in live] == ["p2"] and dead == []
+    assert ("p1", "undecodable") in st.dropped and st.pending_ids() == ["p2"]

@@ -428,3 +428,26 @@ def test_candidates_name_the_turn_they_follow() -> None:
     hits = {c.memory_id: c for c in s.search_lexical(_req("minnesota wolves team"), 5)}
     assert hits[evs[1]["memoryId"]].follows == evs[0]["memoryId"]
     assert hits[evs[0]["memoryId"]].follows is None
+
+
+def test_confirming_a_candidate_refused_by_a_users_fact_leaves_no_dangling_id() -> None:
+    """An inference never overwrites a user's fact, even once confirmed; the refused candidate
+    leaves every read index, so consolidation and the Markdown projection keep working."""
+    from mnemoflow.agents.memory_events import memory_event
+
+    s = MemoryStore()
+    s.apply(host_fact("u1", "", T0, subject="deploy", predicate="fails with", obj="timeout",
+                      session_id="s1"))
+    cand = memory_event(event_id="e:cand", op="fact_proposed", memory_id="fact:cand",
+                        kind="fact", scope="User", owner="u1", session_id="s2", event_seq=3,
+                        event_time=T0 + 1, text="deploy fails with: disk full",
+                        source="inference", confidence=0.3, subject="deploy",
+                        predicate="fails with", object_="disk full",
+                        attributes={"status": "candidate"})
+    s.apply(cand)
+    assert "fact:cand" in s.fact_candidates
+    s.apply(host_confirm("u1", "fact:cand", T0 + 2))
+    assert "fact:cand" not in s.records
+    assert all(r.memory_id != "fact:cand" for r in s.records_of("fact"))
+    assert s.session_records("s2") == []
+    assert "fact:cand" not in s.by_owner[("User", "u1")]

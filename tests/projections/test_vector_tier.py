@@ -21,9 +21,10 @@ EMB = HashEmbedder()
 
 
 def seg(mid: str, sid: str, text: str, seq: int) -> dict[str, Any]:
-    return {"op": "segment_recorded", "memoryId": mid, "kind": "segment", "text": text,
-            "scope": "User", "owner": "u", "sessionId": sid, "eventSeq": seq,
-            "eventTime": T0 + seq, "ttlMs": None}
+    return {"eventId": f"e:{mid}", "op": "segment_recorded", "memoryId": mid, "kind": "segment",
+            "text": text, "scope": "User", "owner": "u", "sessionId": sid, "eventSeq": seq,
+            "eventTime": T0 + seq, "ttlMs": None, "entities": [], "provenance": [],
+            "attributes": {}}
 
 
 def own(text: str) -> np.ndarray:
@@ -68,7 +69,7 @@ def test_each_segment_is_blended_with_the_previous_turn_of_its_session() -> None
 
 
 def test_revoking_a_turn_re_embeds_the_next_with_the_turn_before() -> None:
-    revoke = {**LOG[1], "op": "memory_revoked"}
+    revoke = {**LOG[1], "op": "memory_revoked", "eventId": "rv:b"}
     idx = run(LOG + [revoke])
     assert idx.vector("b") is None
     assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[0]["text"]), 0.5))
@@ -127,3 +128,22 @@ def test_rows_of_a_failed_flush_are_written_by_the_next() -> None:
 
     asyncio.run(go())
     assert np.allclose(idx.vector("b"), blend(own(LOG[1]["text"]), own(LOG[0]["text"]), 0.5))
+
+
+def test_revoking_a_turn_after_its_successor_was_written_rewrites_the_successor() -> None:
+    idx = ArrayIndex()
+
+    async def go() -> None:
+        async with AsyncEmbedder(EMB) as emb:
+            sink = VectorSink(idx, emb, context_weight=0.5)
+            for ev in LOG:
+                sink.on_event(ev)
+            await sink.flush()
+            assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]),
+                                                      own(LOG[1]["text"]), 0.5))
+            sink.on_event({**LOG[1], "op": "memory_revoked", "eventId": "rv:b"})
+            await sink.flush()
+
+    asyncio.run(go())
+    assert idx.vector("b") is None
+    assert np.allclose(idx.vector("c"), blend(own(LOG[2]["text"]), own(LOG[0]["text"]), 0.5))
