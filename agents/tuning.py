@@ -82,11 +82,15 @@ class IndexTuning:
     embed_max_chars: int = 0
 
 
+# what a report prints when no override file was given: the packaged file is the calibrated one
+PACKAGED = "agents/tuning.json (packaged, calibrated: evaluation/CALIBRATION.md)"
+
+
 @dataclass(frozen=True)
 class Tuning:
     gate: GateTuning
     rank: RankTuning
-    source: str = "defaults"
+    source: str = PACKAGED
     index: IndexTuning = field(default_factory=IndexTuning)
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,7 +109,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
 def load_tuning(path: str | Path | None = None) -> Tuning:
     """Defaults, overlaid by the JSON file at `path` when given (keys are checked)."""
     raw = json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
-    source = "defaults"
+    source = PACKAGED
     if path:
         override = json.loads(Path(path).read_text())
         for section in ("gate", "rank", "index"):

@@ -111,6 +111,7 @@ def load_longmemeval(path: Path, questions: list[str] | None = None, limit: int 
         user = f"lme-{qid}"
         ev_turns: set[str] = set()
         last = 0
+        seen: dict[str, int] = {}
         for sid, date, turns in zip(item["haystack_session_ids"], item["haystack_dates"],
                                     item["haystack_sessions"], strict=True):
             t0 = parse_event_time(date) or 0
@@ -122,7 +123,11 @@ def load_longmemeval(path: Path, questions: list[str] | None = None, limit: int 
                 if turn["role"] in roles and turn["content"].strip():
                     kept.append(Turn(turn["role"], turn["content"], prov))
             if kept:
-                bench.sessions.append(Session(user, sid, t0, tuple(kept)))
+                # a few S haystacks hold the same session twice, at two dates: each copy is its
+                # own host session (ids and eventSeq restart per session), the evidence key stays
+                seen[sid] = seen.get(sid, 0) + 1
+                key = sid if seen[sid] == 1 else f"{sid}~{seen[sid]}"
+                bench.sessions.append(Session(user, key, t0, tuple(kept)))
                 last = max(last, t0 + (len(kept) + 1) * TURN_GAP_MS)
         qt = parse_event_time(item["question_date"]) or 0
         if qt <= last:

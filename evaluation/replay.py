@@ -47,11 +47,21 @@ class AuditWatch:
     brokered: set[str] = field(default_factory=set)
 
     alive: Callable[[], bool] = lambda: True
+    stall_s: float = 600.0  # no audit record for this long while waiting: the wait cannot end
+    _last_news: float | None = None
 
     async def poll(self) -> None:
         if not self.alive():
             raise RuntimeError("the worker stopped during the replay; see its log")
-        for r in await self.reader.poll(200):
+        got = await self.reader.poll(200)
+        now = time.monotonic()
+        if got or self._last_news is None:
+            self._last_news = now
+        elif now - self._last_news > self.stall_s:
+            raise RuntimeError(f"no audit record for {self.stall_s:.0f} s while waiting for "
+                               f"{sum(map(len, self.gate.values()))} gate decisions so far; "
+                               "an event without its decision (see the worker log)")
+        for r in got:
             a = r.value
             if not a:
                 continue
