@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import time
 
-from common import RESULTS, pct
+from common import pct, write_results
 
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.graph import GraphState, View, entity_node
@@ -92,8 +91,7 @@ def main(args: argparse.Namespace) -> None:
               f"longest hold of the loop p50 {r['loop_held_max_ms']['p50']:.2f} / p95 "
               f"{r['loop_held_max_ms']['p95']:.2f} ms; pushes p95 {r['pushes']['p95']:.0f}; "
               f"load {r['load_avg_1m']:.1f}", flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_graph.json").write_text(json.dumps(out, indent=2, default=float))
+    write_results("bench_graph", out)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from common import RESULTS, bench_settings, broker, fmt, now_ms, pct
+from common import bench_settings, broker, fmt, now_ms, pct, write_results
 
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.inbox import op_headers
@@ -110,8 +109,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"{n} ops: raw consume {raw:.2f}s, rebuild pending {rebuild:.2f}s "
               f"-> {rebuild / raw:.2f}x raw (target <= 1.5x); {pending} pending")
         print(f"  claim latency (inject one, claim all): {fmt(out[n]['claim_ms'])}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_inbox.json").write_text(json.dumps(out, indent=2))
+    write_results("bench_inbox", out)
 
 
 async def _inject_one(prod: AvroProducer, topic: str, k: int) -> None:

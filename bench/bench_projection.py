@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from bench_topology import raw_round_trip
-from common import RESULTS, bench_settings, broker, fmt, pct
+from common import bench_settings, broker, fmt, pct, write_results
 
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
@@ -118,8 +117,7 @@ async def main(args: argparse.Namespace) -> dict:
             await asyncio.gather(task, return_exceptions=True)
             await prod.stop()
             embedder.close()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_projection.json").write_text(json.dumps(out, indent=2))
+    write_results("bench_projection", out)
     return out
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, pct, peak_rss_mib
+from common import pct, peak_rss_mib, write_results
 
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.rank import rank
@@ -171,8 +171,7 @@ def main(args: argparse.Namespace) -> None:
     for n in args.sizes[1:]:
         print(f"p95 at {n} / p95 at {base}: "
               f"{out[n]['recall_ms']['p95'] / out[base]['recall_ms']['p95']:.2f}x")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_recall.json").write_text(json.dumps(out, indent=2))
+    write_results("bench_recall", out)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from common import RESULTS, bench_settings, broker, fmt, now_ms, pct, peak_rss_mib, start_worker
+from common import bench_settings, broker, fmt, now_ms, pct, peak_rss_mib, start_worker, write_results
 
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics, group_stable
@@ -290,8 +289,7 @@ async def main(args: argparse.Namespace) -> dict:
             from mnemoflow.streams.kafka_local import LocalKafka
 
             LocalKafka(s).down()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_topology.json").write_text(json.dumps(out, indent=2))
+    write_results("bench_topology", out)
     return out
 
 

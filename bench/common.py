@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,9 @@ def fmt(d: dict[str, float], unit: str = "ms") -> str:
 
 def now_ms() -> float:
     return time.perf_counter() * 1000
+
+
+def write_results(name: str, out: dict) -> None:
+    """bench/results/<name>.json, the figures the README quotes (numpy floats as floats)."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2, default=float))
