@@ -30,6 +30,8 @@ import faust
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as driver
 
+GAP_SEEKS = 3  # seeks back to one gap before its records count as gone from the log
+
 
 class _ConsumerThread(driver.AIOKafkaConsumerThread):
     async def seek_to_committed(self) -> Mapping[Any, int]:
@@ -54,7 +56,7 @@ class _Consumer(driver.Consumer):
         read_offset = self._read_offset
         commit_every = self._commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for  # False for compacted changelogs
-        sought: dict[Any, int] = {}  # partition -> the offset a gap already sought back to
+        sought: dict[Any, tuple[int, int]] = {}  # partition -> (gap offset, seeks back to it)
         num_since_yield = 0
         try:
             while not (self._stopped.is_set() or fetcher._stopped.is_set()):
@@ -75,13 +77,16 @@ class _Consumer(driver.Consumer):
                     offset, expected = message.offset, read_offset.get(tp)
                     if expected is not None and offset < expected:
                         continue  # delivered already: a refetch after a seek
+                    gap, tries = sought.get(tp, (-1, 0))
                     if (expected is not None and offset > expected
-                            and acks_enabled_for(tp.topic) and sought.get(tp) != expected):
-                        # once per gap: if the refetch lands past it again, the records are
-                        # gone from the log (retention, a reset to earliest) and we go on
+                            and acks_enabled_for(tp.topic)
+                            and (gap != expected or tries < GAP_SEEKS)):
+                        # a few times per gap (a fetch already in flight at the seek can land
+                        # past it once more); after that the records are gone from the log
+                        # (retention, a reset to earliest) and we go on
                         self.log.warning("offset gap on %r (%r -> %r): seeking back", tp,
                                          expected, offset)
-                        sought[tp] = expected
+                        sought[tp] = (expected, tries + 1 if gap == expected else 1)
                         await self.seek(tp, expected)
                         resync.add(tp)
                         continue
