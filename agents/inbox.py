@@ -20,6 +20,7 @@ Packet = dict[str, Any]
 PacketSource = Packet | Callable[[], Packet]  # the packet, or a loader that decodes it
 
 CLAIM_PAGE = 256  # packet ids per claim op: a claim record stays small however long the queue
+HISTORY = 1024  # claimed ids/digests, applied op ids and drop reasons remembered per session
 
 FOLD_HEADER = "mf-fold"  # kind, opId, sessionId, packetId, exactDigest, expiry, packetIds
 _SEP = "\x1f"  # ASCII unit separator: never in our ids or hex digests
@@ -56,42 +57,68 @@ def op_headers(op: dict[str, Any]) -> list[tuple[str, bytes]]:
 
 
 def meta_from_headers(headers: Sequence[tuple[str, bytes]] | None) -> OpMeta | None:
-    """The op's metadata from its headers; None when they are missing (decode the body)."""
+    """The op's metadata from its headers; None when they are missing (decode the body).
+
+    Written for speed (a rebuild parses one per record): one decode, one split, and the
+    tuple built without NamedTuple's keyword machinery.
+    """
     if not headers:
         return None
     for key, value in headers:
         if key == FOLD_HEADER:
             try:
-                kind, op_id, sid, pid, dig, expiry, *ids = value.decode().split(_SEP)
-                return OpMeta(op_id, kind, sid, pid or None, dig or None, int(expiry),
-                              tuple(ids))
-            except (ValueError, UnicodeDecodeError):
+                f = value.decode().split(_SEP)
+                return _new_meta(OpMeta, (f[1], f[0], f[2], f[3] or None, f[4] or None,
+                                          int(f[5]), tuple(f[6:])))
+            except (ValueError, UnicodeDecodeError, IndexError):
                 return None
     return None
 
 
-@dataclass
+_new_meta = tuple.__new__
+
+
+_UNSET: Any = object()
+
+
+@dataclass(slots=True)
 class _Pending:
     meta: OpMeta
     source: PacketSource
+    decoded: Any = _UNSET
 
     def packet(self) -> Packet | None:
-        """The packet, decoded on first use; None if its body cannot be read."""
-        if callable(self.source):
-            self.source = self.source()
-        return self.source
+        """The packet, decoded on first use; None if its body cannot be read. The source is
+        kept (a checkpoint writes the op's original bytes, not a re-encoding)."""
+        if self.decoded is _UNSET:
+            self.decoded = self.source() if callable(self.source) else self.source
+        return self.decoded
+
+
+def _trim(d: dict[str, Any], keep: int) -> None:
+    """Forget all but the newest `keep` entries once there are twice as many (amortised O(1),
+    and a pure function of the op sequence, so a restored checkpoint trims the same way)."""
+    if len(d) > 2 * keep:
+        newest = list(d.items())[-keep:]
+        d.clear()
+        d.update(newest)
 
 
 @dataclass
 class PendingState:
+    """One session's fold. History (claimed ids and digests, applied op ids, dropped reasons)
+    is bounded to the newest `history` entries, so a long-lived session's state and its
+    checkpoint stay small: "already claimed" dedupe covers the last `history` claims."""
+
     pending_by_id: dict[str, _Pending] = field(default_factory=dict)  # FIFO (insertion)
     steer: set[str] = field(default_factory=set)  # packet ids that should wake the host
-    claimed: dict[str, str] = field(default_factory=dict)  # packetId -> claim opId
-    claimed_digests: set[str] = field(default_factory=set)
+    claimed: dict[str, str] = field(default_factory=dict)  # packetId -> claim opId, oldest first
+    claimed_digests: dict[str, None] = field(default_factory=dict)  # an ordered set
     pending_digests: set[str] = field(default_factory=set)
-    applied: set[str] = field(default_factory=set)
+    applied: dict[str, None] = field(default_factory=dict)  # op ids, an ordered set
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (packetId, why)
     last_offset: int = -1
+    history: int = HISTORY
 
     @property
     def pending(self) -> tuple[Packet, ...]:
@@ -107,10 +134,15 @@ class PendingState:
                 pid = e.meta.packet_id or ""
                 self.pending_by_id.pop(pid, None)
                 self.pending_digests.discard(e.meta.digest or "")
-                self.dropped.append((pid, "undecodable"))
+                self._drop(pid, "undecodable")
             else:
                 out.append(p)
         return out
+
+    def _drop(self, pid: str, why: str) -> None:
+        self.dropped.append((pid, why))
+        if len(self.dropped) > 2 * self.history:
+            del self.dropped[:-self.history]
 
     def pending_ids(self) -> list[str]:
         return list(self.pending_by_id)
@@ -135,37 +167,89 @@ class PendingState:
 
     def apply_meta(self, m: OpMeta, packet: PacketSource | None, offset: int = -1,
                    visible_digests: frozenset[str] = frozenset()) -> PendingState:
-        """Fold one op given its metadata; `packet` is only kept (or loaded) if it stays pending."""
+        """Fold one op given its metadata; `packet` is only kept (or loaded) if it stays pending.
+
+        A rebuild calls this once per record, so the hot path binds locals and avoids calls.
+        """
         op_id, kind, _sid, pid, dig, _expiry, ids = m
-        if op_id in self.applied:
+        applied = self.applied
+        if op_id in applied:
             return self
-        self.applied.add(op_id)
+        applied[op_id] = None
+        if len(applied) > 2 * self.history:
+            _trim(applied, self.history)
         if offset > self.last_offset:
             self.last_offset = offset
-        if kind == "inject" or kind == "steer":
+        if kind == "claim":
+            pending, steer = self.pending_by_id, self.steer
+            for i in ids:
+                p = pending.pop(i, None)
+                if p is not None:
+                    d = p.meta[4] or ""
+                    self.pending_digests.discard(d)
+                    self.claimed[i] = op_id
+                    self.claimed_digests[d] = None
+                if steer:
+                    steer.discard(i)
+            if len(self.claimed) > 2 * self.history:
+                _trim(self.claimed, self.history)
+                _trim(self.claimed_digests, self.history)
+        elif kind == "inject" or kind == "steer":
             if pid is None:
                 return self
             dig = dig or ""
             if pid in self.claimed or dig in self.claimed_digests:
-                self.dropped.append((pid, "already-claimed"))
+                self._drop(pid, "already-claimed")
             elif dig in visible_digests:
-                self.dropped.append((pid, "already-visible"))
+                self._drop(pid, "already-visible")
             elif pid in self.pending_by_id or dig in self.pending_digests:
-                self.dropped.append((pid, "duplicate-pending"))
+                self._drop(pid, "duplicate-pending")
             else:
                 self.pending_by_id[pid] = _Pending(m, packet if packet is not None else {})
                 self.pending_digests.add(dig)
                 if kind == "steer":
                     self.steer.add(pid)
-            return self
-        if kind == "claim":
-            for p in self._take(ids):
-                self.claimed[p.meta.packet_id or ""] = op_id
-                self.claimed_digests.add(p.meta.digest or "")
         elif kind == "remove" or kind == "expire":
             self._take(ids)
-            self.dropped += [(i, kind) for i in sorted(ids)]
+            for i in sorted(ids):
+                self._drop(i, kind)
         return self
+
+    def snapshot(self, raw_of: Callable[[_Pending], bytes | None]) -> dict[str, Any] | None:
+        """This fold as one checkpoint entry (the InboxCheckpointSession record, without the
+        session id); None if a pending packet has no original op bytes to keep."""
+        pending = []
+        for pid, e in self.pending_by_id.items():
+            raw = raw_of(e)
+            if raw is None:
+                return None
+            m = e.meta
+            pending.append({"opId": m.op_id, "kind": m.kind, "packetId": pid, "digest": m.digest,
+                            "expiry": m.expiry, "packetIds": list(m.packet_ids),
+                            "opBytes": raw})
+        return {"lastOffset": self.last_offset, "pending": pending, "steer": sorted(self.steer),
+                "claimedIds": list(self.claimed), "claimOps": list(self.claimed.values()),
+                "claimedDigests": list(self.claimed_digests), "applied": list(self.applied),
+                "droppedIds": [d[0] for d in self.dropped],
+                "droppedWhy": [d[1] for d in self.dropped]}
+
+    @classmethod
+    def from_snapshot(cls, session_id: str, snap: dict[str, Any],
+                      load: Callable[[bytes], PacketSource], history: int = HISTORY,
+                      ) -> PendingState:
+        """The exact fold that `snapshot` saw: folding on from here equals folding from zero."""
+        st = cls(history=history, last_offset=snap["lastOffset"])
+        for e in snap["pending"]:
+            m = OpMeta(e["opId"], e["kind"], session_id, e["packetId"], e["digest"],
+                       e["expiry"], tuple(e["packetIds"]))
+            st.pending_by_id[e["packetId"]] = _Pending(m, load(e["opBytes"]))
+            st.pending_digests.add(e["digest"] or "")
+        st.steer = set(snap["steer"])
+        st.claimed = dict(zip(snap["claimedIds"], snap["claimOps"], strict=True))
+        st.claimed_digests = dict.fromkeys(snap["claimedDigests"])
+        st.applied = dict.fromkeys(snap["applied"])
+        st.dropped = list(zip(snap["droppedIds"], snap["droppedWhy"], strict=True))
+        return st
 
 
 def apply(state: PendingState, op: dict[str, Any], offset: int = -1,

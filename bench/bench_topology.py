@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import bench_settings, broker, fmt, now_ms, pct, peak_rss_mib, start_worker, write_results
@@ -84,13 +88,56 @@ async def raw_passthrough(bootstrap: str, src: str, dst: str, n: int) -> float:
     return n / dt
 
 
+def _faust_floor(bootstrap: str, app_id: str, **env: str) -> subprocess.Popen:
+    script = Path(__file__).resolve().parent / "faust_passthrough.py"
+    return subprocess.Popen([sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
+                            env=dict(os.environ, BS=bootstrap, APP=app_id, **env),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def faust_chain_round_trip(bootstrap: str, prefix: str, hops: int, n: int,
+                                 app_id: str) -> list[float]:
+    """Round trips through `hops` bare faust agents in a chain: the latency floor of a faust
+    topology with that many hops, measured like raw_round_trip (one record at a time)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    names = [f"{prefix}floor-chain-{i}" for i in range(hops + 1)]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, 1, 1) for t in names])
+    finally:
+        await admin.close()
+    c = await _consumer(bootstrap, [names[-1]])
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    await p.start()
+    proc = _faust_floor(bootstrap, app_id, CHAIN=",".join(names))
+    lat: list[float] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the chain forwards (startup excluded)
+            await p.send_and_wait(names[0], b"warm", key=b"k")
+            if any((await c.getmany(timeout_ms=2000)).values()):
+                break
+        await asyncio.sleep(1.0)
+        await c.getmany(timeout_ms=500)  # drain the rest of the warm-up
+        for _ in range(n):
+            t = now_ms()
+            await p.send_and_wait(names[0], b"x" * 200, key=b"k")
+            while not any((await c.getmany(timeout_ms=1000)).values()):
+                pass
+            lat.append(now_ms() - t)
+            await asyncio.sleep(0.01)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        await p.stop()
+        await c.stop()
+    return lat
+
+
 async def faust_passthrough(bootstrap: str, src: str, dst: str, n: int, app_id: str) -> float:
     """Records/s of a bare faust agent forwarding n records already in `src` (the faust floor)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await p.start()
     for i in range(n):
@@ -98,10 +145,7 @@ async def faust_passthrough(bootstrap: str, src: str, dst: str, n: int, app_id: 
     await p.flush()
     await p.stop()
     c = await _consumer(bootstrap, [dst])
-    script = Path(__file__).resolve().parent / "faust_passthrough.py"
-    env = dict(os.environ, BS=bootstrap, SRC=src, DST=dst, APP=app_id)
-    proc = subprocess.Popen([sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = _faust_floor(bootstrap, app_id, SRC=src, DST=dst)
     try:
         got, t = 0, None
         deadline = time.monotonic() + 300
@@ -209,6 +253,14 @@ async def main(args: argparse.Namespace) -> dict:
     print(f"bare faust agent passthrough (the faust floor): {out['faust_passthrough_rps']:.0f} "
           f"records/s = {100 * out['faust_passthrough_rps'] / out['raw_passthrough_rps']:.0f}% "
           "of raw")
+    floor = await faust_chain_round_trip(bootstrap, s.topic_prefix, 3, args.raw,
+                                         f"{s.app_id}-chain")
+    out["faust_chain_round_trip_ms"] = pct(floor)
+    out["faust_chain_p99_ratio"] = (out["faust_chain_round_trip_ms"]["p99"]
+                                    / out["raw_round_trip_ms"]["p99"])
+    print("bare faust 3-hop chain round trip (the latency floor):",
+          fmt(out["faust_chain_round_trip_ms"]),
+          f"= {out['faust_chain_p99_ratio']:.1f}x raw p99")
 
     # fresh topics for the worker (the baselines wrote into some of ours)
     s = bench_settings("topo")
@@ -246,7 +298,9 @@ async def main(args: argparse.Namespace) -> dict:
             print("event -> packet readable on inbox:", fmt(out["event_to_packet_ms"]))
             r = out["event_to_packet_ms"]["p99"] / out["raw_round_trip_ms"]["p99"]
             out["latency_p99_ratio"] = r
-            print(f"  p99 ratio to raw round trip: {r:.1f}x (target <= 5x)")
+            print(f"  p99 ratio to raw round trip: {r:.1f}x (target <= 5x); "
+                  f"{out['event_to_packet_ms']['p99'] / out['faust_chain_round_trip_ms']['p99']:.1f}x "
+                  "the bare faust 3-hop chain")
             out["event_to_packet_hops_ms"] = await hop_breakdown(s, bootstrap, "ask-")
             for hop, d in out["event_to_packet_hops_ms"].items():
                 print(f"  hop {hop:8s}: {fmt(d)}")

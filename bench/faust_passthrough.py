@@ -1,8 +1,12 @@
-"""The faust floor: a bare faust agent that forwards raw bytes from one topic to another.
+"""The faust floor: bare faust agents that forward raw bytes from topic to topic.
 
-bench_topology runs it as a baseline in the same run, so the topology's throughput can be read
-against what faust itself costs per event on this machine, not only against raw aiokafka.
-Run by the bench as: python bench/faust_passthrough.py worker -l warn (env: BS, SRC, DST, APP).
+bench_topology runs it as a baseline in the same run, so the topology can be read against
+what faust itself costs per event on this machine, not only against raw aiokafka:
+- one hop (SRC -> DST) for throughput;
+- a chain of hops (CHAIN="t0,t1,t2,t3": three agents, as observer -> gate -> recall) for the
+  event -> packet latency floor, with no stage work at all.
+Run by the bench as: python bench/faust_passthrough.py worker -l warn (env: BS, SRC, DST or
+CHAIN, APP, RESET).
 """
 
 from __future__ import annotations
@@ -17,16 +21,23 @@ RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_s
 
 app = WorkerApp(os.environ.get("APP", "faust-floor"), broker=f"kafka://{os.environ.get('BS', '')}",
                 store="memory://", web_enabled=False, topic_replication_factor=1,
-                consumer_auto_offset_reset="earliest", producer_acks=-1)
-src = app.topic(os.environ.get("SRC", "src"), **RAW)
-dst = app.topic(os.environ.get("DST", "dst"), **RAW)
+                consumer_auto_offset_reset=os.environ.get("RESET", "earliest"), producer_acks=-1)
+chain = os.environ.get("CHAIN") or f"{os.environ.get('SRC', 'src')},{os.environ.get('DST', 'dst')}"
+topics = [app.topic(name, **RAW) for name in chain.split(",")]
 
 
-@app.agent(src, concurrency=1)
-async def forward(stream: faust.StreamT) -> None:
-    async for ev in stream.events():
-        await dst.send(key=ev.message.key, value=ev.message.value)
+def forwarder(i: int) -> None:
+    """One bare agent: topics[i] -> topics[i + 1], concurrency 1 like the worker's agents."""
+    src, dst = topics[i], topics[i + 1]
 
+    @app.agent(src, concurrency=1, name=f"forward{i}")
+    async def forward(stream: faust.StreamT) -> None:
+        async for ev in stream.events():
+            await dst.send(key=ev.message.key, value=ev.message.value)
+
+
+for hop in range(len(topics) - 1):
+    forwarder(hop)
 
 if __name__ == "__main__":
     app.main()

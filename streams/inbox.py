@@ -4,20 +4,31 @@ Durability: every claim, expire and remove is written to the inbox topic and ack
 before the packets are handed out. Atomicity across concurrent claimers comes from the
 partition's total order: after writing its claim op, a claimer reads the log up to that op
 and keeps only the packets whose first claim is its own.
+
+Checkpoints: after folding `checkpoint_every` more ops of a partition, a host writes the fold
+(pending packets with their original op bytes, bounded claim history, position) to the
+compacted inbox-checkpoints topic, in the same partition number. A restarted host reads the
+newest checkpoint of the partition (its last record) and folds only the log after it. The
+fold is deterministic, so any host's checkpoint is valid for every host; one that does not
+fit (wrong version, topic, history bound, or a position past the log's end) is ignored and the
+whole log is folded, which is always correct.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.inbox import (
+    HISTORY,
     PendingState,
     claim_pages,
     meta_from_headers,
@@ -31,7 +42,13 @@ from mnemoflow.streams.config import Settings
 from mnemoflow.streams.producer import AvroProducer
 from mnemoflow.streams.reader import topic_partitions
 
+log = logging.getLogger(__name__)
+
 INBOX_SCHEMA = "io.mnemoflow.InboxOp"
+CHECKPOINT_SCHEMA = "io.mnemoflow.InboxCheckpoint"
+CHECKPOINT_VERSION = 1
+CHECKPOINT_EVERY = 2_000  # ops folded since the partition's last checkpoint
+CHECKPOINT_MAX_BYTES = 900_000  # under Kafka's default 1 MiB record limit; larger: not written
 
 
 @dataclass(frozen=True)
@@ -47,12 +64,35 @@ class ClaimResult:
 class _PartitionFold:
     position: int = 0
     sessions: dict[str, PendingState] = field(default_factory=dict)
+    checkpointed: int = 0  # position of the last checkpoint read or written
+    restored: bool = False  # a checkpoint was looked for (once per partition and client)
+    folded: int = 0  # records this client folded itself (not restored from a checkpoint)
+    checkpoint_bytes: int = 0  # size of the last checkpoint this client encoded
+
+
+class _OpBody:
+    """An inject op's record value: decoded to its packet only when handed out, and kept as
+    bytes for a checkpoint."""
+
+    __slots__ = ("raw", "registry")
+
+    def __init__(self, raw: bytes, registry: Any) -> None:
+        self.raw = raw
+        self.registry = registry
+
+    def __call__(self) -> dict[str, Any] | None:
+        try:
+            return self.registry.decode(self.raw, INBOX_SCHEMA)[1]["packet"]
+        except DecodeError:  # e.g. a newer schema mid-upgrade: never handed out
+            return None
 
 
 class InboxClient:
     """One per host process. It reads only the partitions of the sessions it serves."""
 
-    def __init__(self, settings: Settings, bootstrap: str, producer: AvroProducer) -> None:
+    def __init__(self, settings: Settings, bootstrap: str, producer: AvroProducer,
+                 checkpoints: bool = True) -> None:
+        """`checkpoints=False`: never read or write one (every rebuild folds the whole log)."""
         self.settings = settings
         self.topic = T.INBOX.name(settings)
         self.producer = producer
@@ -61,6 +101,15 @@ class InboxClient:
                                           enable_auto_commit=False, auto_offset_reset="earliest",
                                           fetch_max_wait_ms=10,  # a claim waits on its own op
                                           **settings.client_kwargs())
+        self._checkpoints = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                             enable_auto_commit=False,
+                                             fetch_max_wait_ms=10,  # no long poll at the end
+                                             max_partition_fetch_bytes=4 * 1024 * 1024,
+                                             **settings.client_kwargs())
+        self.checkpoint_topic = T.INBOX_CHECKPOINTS.name(settings)
+        self.checkpoint_every = CHECKPOINT_EVERY
+        self.use_checkpoints = checkpoints
+        self._checkpoint_parts: set[int] = set()
         self._parts: list[int] = []
         self._folds: dict[int, _PartitionFold] = {}
         self.claimer_id = f"host-{uuid.uuid4().hex[:12]}"
@@ -71,9 +120,18 @@ class InboxClient:
         tps = await topic_partitions(self._consumer, self.topic)
         self._parts = [tp.partition for tp in tps]
         self._consumer.assign(tps)
+        await self._checkpoints.start()
+        if not self.use_checkpoints:
+            return
+        try:
+            ck = await topic_partitions(self._checkpoints, self.checkpoint_topic, attempts=10)
+            self._checkpoint_parts = {tp.partition for tp in ck}
+        except (KafkaError, LookupError) as exc:  # no checkpoint topic: every rebuild folds the whole log
+            log.warning("inbox checkpoints off: %s", exc)
 
     async def stop(self) -> None:
         await self._consumer.stop()
+        await self._checkpoints.stop()
 
     def partition_for(self, session_id: str) -> int:
         """The producer's default partitioner (murmur2), so we read where the worker wrote."""
@@ -89,12 +147,16 @@ class InboxClient:
         tp = TopicPartition(self.topic, p)
         fold = self._folds.setdefault(p, _PartitionFold())
         end = (await self._consumer.end_offsets([tp]))[tp]
+        if not fold.restored:
+            fold.restored = True
+            await self._restore(p, fold, end)
         target = end if until_offset is None else max(until_offset + 1, fold.position)
         if fold.position < target:
             self._consumer.seek(tp, fold.position)
-        sessions, loader = fold.sessions, self._loader
+        sessions, registry = fold.sessions, self.registry
         while fold.position < target:
             batch = await self._consumer.getmany(tp, timeout_ms=500, max_records=10000)
+            await asyncio.sleep(0)  # let the fetcher send the next fetch: it runs while we fold
             for m in batch.get(tp, ()):
                 meta = meta_from_headers(m.headers)
                 packet: Any
@@ -103,24 +165,83 @@ class InboxClient:
                         _, op = self.registry.decode(m.value, INBOX_SCHEMA)
                     except DecodeError:
                         continue  # not ours to fix here; the op never happened for the fold
-                    meta, packet = meta_of(op), op.get("packet") or {}
-                else:  # decoded only if it is still pending when the host asks for it
-                    packet = loader(m.value) if meta.packet_id else None
+                    meta = meta_of(op)
+                # decoded only if it is still pending when the host asks for it
+                packet = _OpBody(m.value, registry) if meta.packet_id else None
                 state = sessions.get(meta.session_id)
                 if state is None:
                     state = sessions[meta.session_id] = PendingState()
                 state.apply_meta(meta, packet, m.offset)
             if batch.get(tp):
                 fold.position = batch[tp][-1].offset + 1
+                fold.folded += len(batch[tp])
+        if fold.position - fold.checkpointed >= self.checkpoint_every:
+            await self._write_checkpoint(p, fold)
         return fold.sessions.get(session_id, PendingState())
 
-    def _loader(self, value: bytes) -> Any:
-        def load() -> dict[str, Any] | None:
-            try:
-                return self.registry.decode(value, INBOX_SCHEMA)[1]["packet"]
-            except DecodeError:  # e.g. a newer schema mid-upgrade: never handed out
-                return None
-        return load
+    def ops_folded(self, session_id: str) -> int:
+        """Records of the session's partition this client folded itself: with a checkpoint,
+        only the log after it."""
+        fold = self._folds.get(self.partition_for(session_id))
+        return fold.folded if fold else 0
+
+    def _checkpoint_key(self, partition: int) -> bytes:
+        return f"{self.topic}:{partition}".encode()
+
+    async def _restore(self, p: int, fold: _PartitionFold, end: int) -> None:
+        """Start the partition's fold from its newest checkpoint, if one fits."""
+        if p not in self._checkpoint_parts or fold.position:
+            return
+        tp = TopicPartition(self.checkpoint_topic, p)
+        self._checkpoints.assign([tp])
+        last = (await self._checkpoints.end_offsets([tp]))[tp]
+        if last == 0:
+            return
+        self._checkpoints.seek(tp, last - 1)
+        recs = (await self._checkpoints.getmany(tp, timeout_ms=2000)).get(tp, [])
+        if not recs or recs[-1].value is None:
+            return
+        try:
+            _, ck = self.registry.decode(recs[-1].value, CHECKPOINT_SCHEMA)
+        except DecodeError as exc:
+            log.warning("inbox checkpoint %s:%d unreadable (%s): folding the log", *tp, exc)
+            return
+        if (ck["checkpointVersion"], ck["inboxTopic"], ck["partition"], ck["history"]) != (
+                CHECKPOINT_VERSION, self.topic, p, HISTORY) or ck["position"] > end:
+            log.warning("inbox checkpoint %s:%d does not fit this log: folding it", *tp)
+            return
+        reg = self.registry
+        fold.sessions = {
+            e["sessionId"]: PendingState.from_snapshot(e["sessionId"], e,
+                                                       lambda raw: _OpBody(raw, reg))
+            for e in ck["sessions"]}
+        fold.position = fold.checkpointed = ck["position"]
+
+    async def _write_checkpoint(self, p: int, fold: _PartitionFold) -> None:
+        """Best effort: a checkpoint that cannot be written only makes the next rebuild slower."""
+        fold.checkpointed = fold.position  # tried at this position; next after more ops
+        if p not in self._checkpoint_parts:
+            return
+        sessions = []
+        for sid, state in fold.sessions.items():
+            snap = state.snapshot(lambda e: getattr(e.source, "raw", None))
+            if snap is None:
+                return
+            sessions.append({"sessionId": sid, **snap})
+        value = self.registry.encode(CHECKPOINT_SCHEMA, {
+            "checkpointVersion": CHECKPOINT_VERSION, "inboxTopic": self.topic, "partition": p,
+            "position": fold.position, "history": HISTORY, "writer": self.claimer_id,
+            "sessions": sessions})
+        fold.checkpoint_bytes = len(value)
+        if len(value) > CHECKPOINT_MAX_BYTES:
+            log.warning("inbox checkpoint of partition %d is %d bytes: not written", p,
+                        len(value))
+            return
+        try:
+            await self.producer.send_raw(self.checkpoint_topic, self._checkpoint_key(p), value,
+                                         partition=p)
+        except KafkaError as exc:
+            log.warning("inbox checkpoint of partition %d not written: %s", p, exc)
 
     async def _write(self, op: dict[str, Any]) -> int:
         md = await self.producer.send(self.topic, INBOX_SCHEMA, op["sessionId"], op,

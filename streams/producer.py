@@ -52,16 +52,20 @@ class AvroProducer:
         await self.stop()
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes,
-                       headers: list[tuple[str, bytes]] | None = None) -> Any:
-        """Send and wait for the broker's ack, retrying transient errors."""
+                       headers: list[tuple[str, bytes]] | None = None,
+                       partition: int | None = None) -> Any:
+        """Send and wait for the broker's ack, retrying transient errors. `partition`: only
+        for records that must sit next to another topic's partition (inbox checkpoints)."""
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT), stop=stop_after_attempt(5),
             wait=wait_exponential(multiplier=0.1, max=2), reraise=True,
         ):
             with attempt:
-                return await self._producer.send_and_wait(topic, value, key=key, headers=headers)
+                return await self._producer.send_and_wait(topic, value, key=key, headers=headers,
+                                                          partition=partition)
 
     async def send(self, topic: str, schema: str, key: str, record: dict[str, Any],
-                   headers: list[tuple[str, bytes]] | None = None) -> Any:
+                   headers: list[tuple[str, bytes]] | None = None,
+                   partition: int | None = None) -> Any:
         return await self.send_raw(topic, key.encode(), self.registry.encode(schema, record),
-                                   headers)
+                                   headers, partition)

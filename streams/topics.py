@@ -41,6 +41,10 @@ RECALL_REQUESTS = TopicSpec("recall-requests", "io.mnemoflow.RecallRequest", "se
                             doc="gate decisions worth a recall (retrieve/prefetch)")
 INBOX = TopicSpec("inbox", "io.mnemoflow.InboxOp", "sessionId", retention_ms=FOREVER,
                   doc="inject/steer/claim/remove/expire; pending = fold of the log")
+INBOX_CHECKPOINTS = TopicSpec("inbox-checkpoints", "io.mnemoflow.InboxCheckpoint",
+                              "inbox partition (record partition = inbox partition)",
+                              cleanup="compact", retention_ms=FOREVER,
+                              doc="host-written folds of inbox partitions; derived, deletable")
 AUDIT = TopicSpec("audit", "io.mnemoflow.AuditRecord", "sessionId", retention_ms=30 * 24 * 3600 * 1000,
                   doc="every gate and injection decision, digests not raw text")
 MEMORY_LOG = TopicSpec("memory-log", "io.mnemoflow.MemoryEvent", "scope owner",
@@ -52,7 +56,7 @@ DEAD_LETTER = TopicSpec("dead-letter", "io.mnemoflow.DeadLetter", "source key (r
 
 CATALOGUE: tuple[TopicSpec, ...] = (
     SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS, SEGMENTS, RECALL_REQUESTS,
-    INBOX, AUDIT, MEMORY_LOG, DEAD_LETTER,
+    INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, DEAD_LETTER,
 )
 INPUT_TOPICS = (SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS)
 

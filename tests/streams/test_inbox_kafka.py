@@ -43,10 +43,10 @@ async def _inject(s, bs, packets: list[dict]) -> None:
             await p.send(T.INBOX.name(s), "io.mnemoflow.InboxOp", pk["sessionId"], op)
 
 
-async def _client(s, bs):
+async def _client(s, bs, checkpoints: bool = True):
     prod = AvroProducer(s, bs)
     await prod.start()
-    inbox = InboxClient(s, bs, prod)
+    inbox = InboxClient(s, bs, prod, checkpoints=checkpoints)
     await inbox.start()
     return prod, inbox
 
@@ -228,3 +228,62 @@ async def test_worker_sigkill_keeps_the_pending_set_and_shadow_mode(kafka_bootst
     shadow = [a for a in broker_audits(recs) if a["sessionId"] == "shadow-0"]
     assert shadow[0]["action"] == "shadow" and shadow[0]["packetId"]
     assert not [op for op in recs["inbox"] if op["sessionId"] == "shadow-0"]
+
+
+async def _state(inbox: InboxClient, sid: str) -> tuple:
+    st = await inbox.sync(sid)
+    return (st.pending_ids(), [p["packetId"] for p in st.pending], list(st.claimed.items()),
+            list(st.claimed_digests), list(st.applied), st.dropped, st.last_offset)
+
+
+async def test_a_restarted_host_folds_only_the_log_after_the_newest_checkpoint(
+        topics, kafka_bootstrap):
+    s, bs = topics, kafka_bootstrap
+    await _inject(s, bs, [_packet("sK", n) for n in range(1, 31)])
+    prod, first = await _client(s, bs)
+    first.checkpoint_every = 10  # the 30 injects it folds make it write one
+    try:
+        assert len((await first.claim_all("sK", T0)).packets) == 30
+    finally:
+        await _close(prod, first)
+    await _inject(s, bs, [_packet("sK", n) for n in range(31, 36)])
+    whole = await _client(s, bs, checkpoints=False)  # the reference: folds the whole log
+    restarted = await _client(s, bs)
+    try:
+        assert await _state(restarted[1], "sK") == await _state(whole[1], "sK")
+        assert whole[1].ops_folded("sK") == 36 and restarted[1].ops_folded("sK") == 6
+        got = await restarted[1].claim_all("sK", T0 + 1)
+        assert [p["contextCursor"] for p in got.packets] == [31, 32, 33, 34, 35]
+    finally:
+        await _close(*whole)
+        await _close(*restarted)
+
+
+async def test_a_checkpoint_that_does_not_fit_the_log_is_ignored(topics, kafka_bootstrap):
+    s, bs = topics, kafka_bootstrap
+    await _inject(s, bs, [_packet("sL", n) for n in range(1, 13)])
+    prod, first = await _client(s, bs)
+    first.checkpoint_every = 10
+    try:
+        await first.claim_all("sL", T0)
+        p = first.partition_for("sL")
+        reference = await _state(first, "sL")
+        from mnemoflow.streams.reader import TopicReader
+
+        async with TopicReader(s, bs, [first.checkpoint_topic]) as r:
+            await r.drain()
+            ck = [x.value for x in r.records if x.value][-1]
+        assert ck["position"] == 12 and ck["sessions"][0]["sessionId"] == "sL"
+        key = first._checkpoint_key(p)
+        for bad in (b"not avro at all",  # unreadable
+                    prod.registry.encode("io.mnemoflow.InboxCheckpoint",
+                                         {**ck, "position": 10**9})):  # past the log's end
+            await prod.send_raw(first.checkpoint_topic, key, bad, partition=p)
+            c = await _client(s, bs)
+            try:
+                assert await _state(c[1], "sL") == reference
+                assert c[1].ops_folded("sL") == 13  # the whole log: 12 injects and a claim
+            finally:
+                await _close(*c)
+    finally:
+        await _close(prod, first)
