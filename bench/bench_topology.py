@@ -90,7 +90,7 @@ async def raw_passthrough(bootstrap: str, src: str, dst: str, n: int) -> float:
 
 def _faust_floor(bootstrap: str, app_id: str, **env: str) -> subprocess.Popen:
     script = Path(__file__).resolve().parent / "faust_passthrough.py"
-    return subprocess.Popen([sys.executable, str(script), "worker", "-l", "warn", "--without-web"],
+    return subprocess.Popen([sys.executable, str(script)],
                             env=dict(os.environ, BS=bootstrap, APP=app_id, **env),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -5,8 +5,8 @@ what faust itself costs per event on this machine, not only against raw aiokafka
 - one hop (SRC -> DST) for throughput;
 - a chain of hops (CHAIN="t0,t1,t2,t3": three agents, as observer -> gate -> recall) for the
   event -> packet latency floor, with no stage work at all.
-Run by the bench as: python bench/faust_passthrough.py worker -l warn (env: BS, SRC, DST or
-CHAIN, APP, RESET).
+Run by the bench as: python bench/faust_passthrough.py (env: BS, SRC, DST or CHAIN, APP, RESET),
+with the same faust Worker set-up as the real worker.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import os
 import faust
 
 from mnemoflow.streams.faust_app import WorkerApp
+from mnemoflow.streams.worker import PRODUCER_BATCH_BYTES
 
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
 app = WorkerApp(os.environ.get("APP", "faust-floor"), broker=f"kafka://{os.environ.get('BS', '')}",
                 store="memory://", web_enabled=False, topic_replication_factor=1,
-                consumer_auto_offset_reset=os.environ.get("RESET", "earliest"), producer_acks=-1)
+                consumer_auto_offset_reset=os.environ.get("RESET", "earliest"), producer_acks=-1,
+                producer_max_batch_size=PRODUCER_BATCH_BYTES)
 chain = os.environ.get("CHAIN") or f"{os.environ.get('SRC', 'src')},{os.environ.get('DST', 'dst')}"
 topics = [app.topic(name, **RAW) for name in chain.split(",")]
 
@@ -40,4 +42,8 @@ for hop in range(len(topics) - 1):
     forwarder(hop)
 
 if __name__ == "__main__":
-    app.main()
+    from faust.worker import Worker
+
+    worker = Worker(app, loglevel="warn", quiet=True, redirect_stdouts=False)
+    worker.spinner = None  # as in streams.worker.run_worker: keeps the root logger at WARN
+    worker.execute_from_commandline()

@@ -31,7 +31,7 @@ async def rebuild(events: list[dict[str, Any]], index_path: Path, embedder: Asyn
             md.on_event(ev)
     await sink.flush()
     if md:
-        md.flush()
+        await md.flush()
     return store, index
 
 

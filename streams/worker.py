@@ -48,6 +48,7 @@ from mnemoflow.streams.faust_app import WorkerApp
 from mnemoflow.streams.projector import MemoryLogProjector
 
 log = logging.getLogger(__name__)
+PRODUCER_BATCH_BYTES = 512 * 1024
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
 
@@ -98,6 +99,10 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         web_enabled=False, consumer_auto_offset_reset="earliest", producer_acks=-1,
         table_standby_replicas=0, broker_commit_every=100, broker_commit_interval=1.0,
         stream_buffer_maxsize=1024,
+        # a table changelog record (the working-memory ring, 10-30 kB) overflows aiokafka's
+        # default 16 kB batch, and a full batch makes the next send wait for the previous
+        # produce request's ack: every event then paid a broker round trip per table write
+        producer_max_batch_size=PRODUCER_BATCH_BYTES,
         # a crashed worker's partitions move on within seconds instead of a minute
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4), **kw)
@@ -274,4 +279,8 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> No
 
     pipe = build_pipeline(settings, bootstrap)
     worker = Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    # no terminal spinner: to animate it faust sets the root logger to DEBUG, and then every
+    # debug call of faust and aiokafka builds a LogRecord that the handler throws away
+    # (py-spy: ~4 % of the worker's samples under load)
+    worker.spinner = None
     worker.execute_from_commandline()

@@ -131,8 +131,12 @@ def _fold_meta(ops: list[tuple[int, dict]], st: PendingState | None = None,
                history: int = 16) -> PendingState:
     st = st or PendingState(history=history)
     for off, op in ops:
-        st.apply_meta(meta_of(op), (lambda p=op.get("packet"): p), off)
+        st.apply_meta(meta_of(op), _loader(op.get("packet")), off)
     return st
+
+
+def _loader(packet: dict | None):
+    return lambda: packet
 
 
 def _view(st: PendingState) -> tuple:
