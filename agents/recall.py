@@ -15,7 +15,10 @@ from mnemoflow.agents.candidate import Candidate
 
 
 class RecallTier(Protocol):
-    """A source of candidates. `search` must only return memories in the request's scope chain."""
+    """A source of candidates. `search` must only return memories in the request's scope chain.
+
+    A tier whose search reads `seeds` (the earlier tiers' hits) says so with a true
+    `uses_seeds` attribute; tiers without it may run side by side."""
 
     name: str
 
@@ -62,28 +65,55 @@ def merge(found: dict[str, Candidate], new: Sequence[Candidate], tier: str,
 
 
 async def recall(request: dict[str, Any], tiers: Sequence[TierSpec], k: int) -> RecallResult:
-    """Run the tiers in order; later tiers see the earlier hits as seeds."""
+    """Run the tiers; later tiers see the earlier hits as seeds.
+
+    Leading tiers that need no seeds (lexical, vector) run side by side: the vector tier's
+    embedding and LanceDB query run off the loop while the lexical tier scores on it. Their
+    hits are merged in tier order afterwards, so the result is the same as one after another.
+    """
     found: dict[str, Candidate] = {}
     status: dict[str, str] = {}
-    for spec in tiers:
+    free = 0  # how many leading tiers are independent of the others' hits
+    while free < len(tiers) and _independent(tiers[free]):
+        free += 1
+    if free > 1:
+        # started last first: off-loop tiers begin their I/O before an on-loop tier runs
+        tasks = {i: asyncio.ensure_future(_run(tiers[i], request, k, ()))
+                 for i in reversed(range(free))}
+        done = [await tasks[i] for i in range(free)]
+    else:
+        done = []
+    for i, spec in enumerate(tiers):
         name = spec.tier.name
-        if spec.only_when_fewer_than is not None and len(found) >= spec.only_when_fewer_than:
+        if i < len(done):
+            outcome = done[i]
+        elif spec.only_when_fewer_than is not None and len(found) >= spec.only_when_fewer_than:
             status[name] = "skipped"
             continue
-        try:
-            hits = await asyncio.wait_for(
-                spec.tier.search(request, k, tuple(found.values())), spec.timeout_s)
-        except TimeoutError:
-            status[name] = "timeout"
+        else:
+            outcome = await _run(spec, request, k, tuple(found.values()))
+        if isinstance(outcome, str):
+            status[name] = outcome
             continue
-        except Exception:  # a broken optional tier must never break recall
-            status[name] = "error"
-            continue
-        merge(found, hits, name, spec.weight)
+        merge(found, outcome, name, spec.weight)
         status[name] = "ok"
     ordered = sorted(found.values(), key=lambda c: (-c.relevance, c.memory_id))
     return RecallResult(tuple(ordered), status)
 
+
+def _independent(spec: TierSpec) -> bool:
+    return spec.only_when_fewer_than is None and not getattr(spec.tier, "uses_seeds", False)
+
+
+async def _run(spec: TierSpec, request: dict[str, Any], k: int,
+               seeds: Sequence[Candidate]) -> list[Candidate] | str:
+    """The tier's hits, or why there are none (timeout, error)."""
+    try:
+        return await asyncio.wait_for(spec.tier.search(request, k, seeds), spec.timeout_s)
+    except TimeoutError:
+        return "timeout"
+    except Exception:  # a broken optional tier must never break recall
+        return "error"
 
 
 @dataclass(frozen=True)
@@ -95,6 +125,10 @@ class FaultyTier:
     @property
     def name(self) -> str:
         return self.inner.name
+
+    @property
+    def uses_seeds(self) -> bool:
+        return bool(getattr(self.inner, "uses_seeds", False))
 
     async def search(self, request: dict[str, Any], k: int,
                      seeds: Sequence[Candidate]) -> list[Candidate]:

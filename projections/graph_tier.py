@@ -52,6 +52,7 @@ class GraphTier:
     graph: GraphState
     config: GraphConfig = field(default_factory=GraphConfig)
     name: str = "graph"
+    uses_seeds: bool = True  # seeded by the earlier tiers' hits: never runs beside them
 
     def personalization(self, request: dict[str, Any], seeds: Sequence[Candidate],
                         view: View) -> dict[str, float]:

@@ -193,10 +193,12 @@ class InboxClient:
         if p not in self._checkpoint_parts or fold.position:
             return
         tp = TopicPartition(self.checkpoint_topic, p)
-        self._checkpoints.assign([tp])
         last = (await self._checkpoints.end_offsets([tp]))[tp]
         if last == 0:
             return
+        # assign and seek with no await between: the first fetch then starts at the record we
+        # want, not at a reset position where it would long-poll an empty end first
+        self._checkpoints.assign([tp])
         self._checkpoints.seek(tp, last - 1)
         recs = (await self._checkpoints.getmany(tp, timeout_ms=2000)).get(tp, [])
         if not recs or recs[-1].value is None:

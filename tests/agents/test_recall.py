@@ -63,3 +63,56 @@ async def test_fusion_keeps_each_tiers_own_score() -> None:
     scores = {c.memory_id: dict(c.tier_scores) for c in res.candidates}
     assert scores == {"a": {"lexical": 5.0}, "b": {"lexical": 2.0, "vector": 0.9},
                       "c": {"vector": 0.8}}
+
+
+class _Handshake:
+    """Two tiers that can only both answer if they run at the same time: the first waits
+    for the second to have started."""
+
+    def __init__(self) -> None:
+        self.second_started = asyncio.Event()
+
+    def first(self) -> StaticTier:
+        outer = self
+
+        class First(StaticTier):
+            async def search(self, req, k, seeds):
+                await outer.second_started.wait()
+                return list(self.cands)
+
+        return First("lexical", [candidate("a", "Caroline went hiking", 5.0)])
+
+    def second(self) -> StaticTier:
+        outer = self
+
+        class Second(StaticTier):
+            async def search(self, req, k, seeds):
+                outer.second_started.set()
+                return list(self.cands)
+
+        return Second("vector", [candidate("a", "Caroline went hiking", 0.9),
+                                 candidate("c", "Dana cooks", 0.8)])
+
+
+async def test_tiers_without_seeds_run_side_by_side_and_merge_in_tier_order() -> None:
+    h = _Handshake()
+    res = await recall(request(), [TierSpec(h.first(), timeout_s=2.0), TierSpec(h.second())], 10)
+    assert res.tiers == {"lexical": "ok", "vector": "ok"}  # one after another: a timeout
+    sequential = await recall(request(), [TierSpec(StaticTier("lexical", h.first().cands)),
+                                          TierSpec(StaticTier("vector", h.second().cands))], 10)
+    assert res.candidates == sequential.candidates
+
+
+async def test_a_tier_that_uses_seeds_waits_for_the_tiers_before_it() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    class Seeded(StaticTier):
+        uses_seeds = True
+
+        async def search(self, req, k, seeds):
+            seen.append(tuple(sorted(c.memory_id for c in seeds)))
+            return []
+
+    vec = StaticTier("vector", [candidate("c", "Dana cooks", 0.8)], delay=0.01)
+    await recall(request(), [TierSpec(LEX), TierSpec(vec), TierSpec(Seeded("graph", []))], 10)
+    assert seen == [("a", "b", "c")]
