@@ -1,6 +1,6 @@
-"""The faust App the worker runs: stock faust, except two fixes that at-least-once needs.
+"""The faust App the worker runs: stock faust, except the fixes that at-least-once needs.
 
-Both were found by the SIGKILL drill (tests/streams/test_crash_kafka.py), where a restarted
+They were found by the SIGKILL drill (tests/streams/test_crash_kafka.py), where a restarted
 worker lost recall requests during its first rebalance, with no error logged:
 
 1. faust's delivery loop (`Consumer._drain_messages`) hands each fetched record to the streams
@@ -12,10 +12,24 @@ worker lost recall requests during its first rebalance, with no error logged:
    was delivered; a suspended delivery ends the batch (the partitions are sought back to their
    committed offsets when the flow resumes), and a gap in a partition's offsets, which our
    topics never have (no compaction, no transactions), seeks back instead of being skipped.
+   A seek back to a gap runs on the consumer's thread, like every other consumer call: faust
+   calls aiokafka's `seek` from the event loop's thread, racing the fetcher that runs on the
+   consumer thread, so a fetch under way could land past the gap again. The records of a gap
+   are skipped only when the broker's log starts after it.
+   faust's recovery resumes the stream partitions (and, with nothing to restore, the flow)
+   before its seek to the committed offsets, and a revoke forgets the next offset of every
+   partition, so records fetched in that window were delivered unchecked, from wherever the
+   fetcher stood (logged: "holding ... next offset None" right after "Resuming flow"). Seen
+   in the drill: the gate got a session's message before the lifecycle event ahead of it,
+   dropped the lifecycle when it came as a redelivery, and the session's packet came out as
+   shadow. Now a record of a partition whose next offset is unknown, or fetched in an older
+   consumer generation (a stream would skip it and ack it unseen), is not delivered: its
+   partition is sought back to it and fetched again until the rebalance's seek is done.
 2. aiokafka's `seek_to_committed` leaves a partition alone when its committed offset is None or
    0, so a partition that had never been committed kept the position past records that were
    fetched and dropped during recovery. Such partitions seek to the beginning, which is what
-   `auto_offset_reset="earliest"` means.
+   `auto_offset_reset="earliest"` means, and faust gets the log start as their next offset
+   (not None, which fix 1 holds as unknown).
 
 Redelivered records are harmless: every stage's outputs have deterministic ids.
 
@@ -29,14 +43,19 @@ topic's buffered records (observer hop p99 105 ms, 16 ms with 5 ms).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as driver
 
-GAP_SEEKS = 3  # seeks back to one gap before its records count as gone from the log
+GAP_SEEKS = 3  # seeks back to one gap before asking the broker whether its records are gone
+GAP_BACKOFF_S = 0.05  # between seeks after that, so a stuck gap does not spin
+UNSETTLED_BACKOFF_S = 0.01  # before fetching a held partition again
+UNSETTLED_LOG_S = 5.0
 PREFETCH_BACKOFF_S = 0.005  # aiokafka's default is 0.1 (see the module docstring)
 
 
@@ -51,11 +70,13 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
 
     async def _seek_to_committed_or_beginning(self) -> Mapping[Any, int]:
         consumer = self._ensure_consumer()
-        committed = await consumer.seek_to_committed()
+        committed = dict(await consumer.seek_to_committed())
         changelogs = self.app.tables.changelog_topics  # recovery seeks those itself
         fresh = [tp for tp, off in committed.items() if not off and tp.topic not in changelogs]
         if fresh:
             await consumer.seek_to_beginning(*fresh)
+            # faust takes these as the next offsets to deliver: a number, not None ("any")
+            committed.update(await consumer.beginning_offsets(fresh))
         return committed
 
 
@@ -63,12 +84,33 @@ class _Consumer(driver.Consumer):
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    async def _seek(self, partition: Any, offset: int) -> None:
+        """Seek on the consumer's own thread (see fix 1 of the module docstring)."""
+        thread = self._thread
+        try:
+            await thread.call_thread(thread.seek, partition, offset)
+        except IllegalStateError:
+            pass  # revoked meanwhile: its next owner seeks it to the committed offset
+
+    async def _seek_back(self, tp: Any, offset: int) -> None:
+        """Refetch from `offset` and expect exactly it next (faust's `seek` would store
+        offset 0 as "any offset", and a stale record past the gap would then pass)."""
+        await self._seek(tp, offset)
+        self._read_offset[tp] = offset
+
+    async def _gone(self, tp: Any, offset: int) -> bool:
+        """True if `offset` is before the partition's log start: deleted, not in flight."""
+        thread = self._thread
+        starts = await thread.call_thread(thread._ensure_consumer().beginning_offsets, [tp])
+        return bool(starts.get(tp, 0) > offset)
+
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in faust
         """faust's loop (faust/transport/consumer.py) with fix 1 of the module docstring."""
         read_offset = self._read_offset
         commit_every = self._commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for  # False for compacted changelogs
         sought: dict[Any, tuple[int, int]] = {}  # partition -> (gap offset, seeks back to it)
+        waited: dict[Any, float] = {}  # partition -> when a hold on it was last logged
         num_since_yield = 0
         try:
             while not (self._stopped.is_set() or fetcher._stopped.is_set()):
@@ -78,8 +120,26 @@ class _Consumer(driver.Consumer):
                 if self.should_stop:
                     continue
                 resync: set[Any] = set()  # partitions sought back: the rest of the batch is stale
+                unsettled = False
                 async for tp, message in batch:
                     if tp in resync:
+                        continue
+                    if acks_enabled_for(tp.topic) and (
+                            read_offset.get(tp) is None
+                            or message.generation_id != self.app.consumer_generation_id):
+                        # a rebalance is under way: the position is unknown until its seek, or
+                        # the record was fetched before it (a stream skips such a record and
+                        # acks it unseen). Fetch it again, from here, until that seek is done.
+                        now = time.monotonic()
+                        if now - waited.get(tp, 0.0) > UNSETTLED_LOG_S:
+                            waited[tp] = now
+                            self.log.info("holding %r at %r: next offset %r, generation %r/%r",
+                                          tp, message.offset, read_offset.get(tp),
+                                          message.generation_id,
+                                          self.app.consumer_generation_id)
+                        await self._seek(tp, message.offset)
+                        resync.add(tp)
+                        unsettled = True
                         continue
                     num_since_yield += 1
                     if num_since_yield > 100:
@@ -89,19 +149,22 @@ class _Consumer(driver.Consumer):
                     offset, expected = message.offset, read_offset.get(tp)
                     if expected is not None and offset < expected:
                         continue  # delivered already: a refetch after a seek
-                    gap, tries = sought.get(tp, (-1, 0))
                     if (expected is not None and offset > expected
-                            and acks_enabled_for(tp.topic)
-                            and (gap != expected or tries < GAP_SEEKS)):
-                        # a few times per gap (a fetch already in flight at the seek can land
-                        # past it once more); after that the records are gone from the log
-                        # (retention, a reset to earliest) and we go on
-                        self.log.warning("offset gap on %r (%r -> %r): seeking back", tp,
-                                         expected, offset)
-                        sought[tp] = (expected, tries + 1 if gap == expected else 1)
-                        await self.seek(tp, expected)
-                        resync.add(tp)
-                        continue
+                            and acks_enabled_for(tp.topic)):
+                        gap, tries = sought.get(tp, (-1, 0))
+                        tries = tries + 1 if gap == expected else 1
+                        # a fetch that was under way at the seek can land past the gap again;
+                        # the records are skipped only once the broker says they are gone
+                        # (retention, a reset to earliest), never because seeks ran out
+                        if tries <= GAP_SEEKS or not await self._gone(tp, expected):
+                            self.log.warning("offset gap on %r (%r -> %r): seeking back", tp,
+                                             expected, offset)
+                            sought[tp] = (expected, tries)
+                            if tries > GAP_SEEKS:
+                                await asyncio.sleep(GAP_BACKOFF_S)
+                            await self._seek_back(tp, expected)
+                            resync.add(tp)
+                            continue
                     if commit_every is not None and self._n_acked >= commit_every:
                         self._n_acked = 0
                         await self.commit()
@@ -111,6 +174,8 @@ class _Consumer(driver.Consumer):
                         break  # not delivered: the seek after the rebalance fetches it again
                     read_offset[tp] = offset + 1
                 self.diag.unset_flag(CONSUMER_FETCHING)
+                if unsettled:
+                    await asyncio.sleep(UNSETTLED_BACKOFF_S)
         except self.consumer_stopped_errors:
             if self.transport.app.should_stop:
                 return

@@ -34,6 +34,7 @@ def worker_env(settings: Settings, bootstrap: str) -> dict[str, str]:
     env.update(KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_HOME=str(settings.home),
                MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix, MNEMOFLOW_APP_ID=settings.app_id,
                MNEMOFLOW_PARTITIONS=str(settings.partitions), MNEMOFLOW_STORE=settings.store)
+    env["PYTHONUNBUFFERED"] = "1"  # the log is read after a SIGKILL too
     env["MNEMOFLOW_FAULT_TIERS"] = ",".join(settings.fault_tiers)
     env["MNEMOFLOW_VECTOR"] = "1" if settings.vector else "0"
     env["MNEMOFLOW_GRAPH"] = "1" if settings.graph else "0"
