@@ -55,7 +55,7 @@ from faust.transport.drivers import aiokafka as driver
 GAP_SEEKS = 3  # seeks back to one gap before asking the broker whether its records are gone
 GAP_BACKOFF_S = 0.05  # between seeks after that, so a stuck gap does not spin
 UNSETTLED_BACKOFF_S = 0.01  # before fetching a held partition again
-UNSETTLED_LOG_S = 5.0
+UNSETTLED_LOG_S = 5.0  # at most one "holding" log line per partition this often
 PREFETCH_BACKOFF_S = 0.005  # aiokafka's default is 0.1 (see the module docstring)
 
 
@@ -124,9 +124,14 @@ class _Consumer(driver.Consumer):
                 async for tp, message in batch:
                     if tp in resync:
                         continue
-                    if acks_enabled_for(tp.topic) and (
-                            read_offset.get(tp) is None
-                            or message.generation_id != self.app.consumer_generation_id):
+                    num_since_yield += 1
+                    if num_since_yield > 100:
+                        await asyncio.sleep(0)
+                        num_since_yield = 0
+                    offset, expected = message.offset, read_offset.get(tp)
+                    acking = acks_enabled_for(tp.topic)
+                    if acking and (expected is None
+                                   or message.generation_id != self.app.consumer_generation_id):
                         # a rebalance is under way: the position is unknown until its seek, or
                         # the record was fetched before it (a stream skips such a record and
                         # acks it unseen). Fetch it again, from here, until that seek is done.
@@ -134,23 +139,16 @@ class _Consumer(driver.Consumer):
                         if now - waited.get(tp, 0.0) > UNSETTLED_LOG_S:
                             waited[tp] = now
                             self.log.info("holding %r at %r: next offset %r, generation %r/%r",
-                                          tp, message.offset, read_offset.get(tp),
-                                          message.generation_id,
+                                          tp, offset, expected, message.generation_id,
                                           self.app.consumer_generation_id)
-                        await self._seek(tp, message.offset)
+                        await self._seek(tp, offset)
                         resync.add(tp)
                         unsettled = True
                         continue
-                    num_since_yield += 1
-                    if num_since_yield > 100:
-                        await asyncio.sleep(0)
-                        num_since_yield = 0
                     # _read_offset holds the next offset to deliver, as faust's seeks set it
-                    offset, expected = message.offset, read_offset.get(tp)
                     if expected is not None and offset < expected:
                         continue  # delivered already: a refetch after a seek
-                    if (expected is not None and offset > expected
-                            and acks_enabled_for(tp.topic)):
+                    if expected is not None and offset > expected and acking:
                         gap, tries = sought.get(tp, (-1, 0))
                         tries = tries + 1 if gap == expected else 1
                         # a fetch that was under way at the seek can land past the gap again;
