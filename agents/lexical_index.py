@@ -9,7 +9,10 @@ log(1 + (N - df + .5)/(df + .5)) over the statistics of the whole index (N, df, 
 The term-frequency part equals rank_bm25's BM25Okapi; only the idf differs, because Okapi's idf
 goes negative for terms in more than half the documents and its epsilon floor needs a
 corpus-wide average that an incremental index cannot keep cheaply. Search touches only the
-postings of the query's terms, entities and alias targets.
+postings of the query's terms, entities and alias targets, and only in the caller's visible
+(scope, owner) partitions: postings are kept per partition, with document frequencies counted
+over the whole index, so scores are corpus-wide while a search costs what the caller can see,
+not what the whole index holds.
 
 A document may carry context (the turn before it): its first `context_max_terms` content terms
 add `context_weight` each to the term frequencies and to the document length, like a
@@ -34,6 +37,7 @@ SCOPES = ("Turn", "Session", "Workspace", "User", "External")
 
 Visible = Callable[[str, str], bool] | Collection[tuple[str, str]]
 Hit = tuple[str, float, str]
+Part = tuple[str, str]  # (scope, owner): the unit of visibility and of posting storage
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class _Alias:
 
 
 class LexicalIndex:
-    """Posting lists term -> {doc_id: tf} and entity -> {doc_ids}, updated in place."""
+    """Per (scope, owner): posting lists term -> {doc_id: tf} and entity -> {doc_ids}; plus
+    index-wide document frequencies. Updated in place."""
 
     def __init__(self, k1: float = K1, b: float = B, context_weight: float = 0.0,
                  context_max_terms: int = 64) -> None:
@@ -75,8 +80,10 @@ class LexicalIndex:
         self._len: dict[str, float] = {}
         self._doc_terms: dict[str, tuple[str, ...]] = {}
         self._doc_entities: dict[str, tuple[str, ...]] = {}
-        self._postings: dict[str, dict[str, float]] = {}
-        self._entity_docs: dict[str, set[str]] = {}
+        self._postings: dict[Part, dict[str, dict[str, float]]] = {}
+        self._entity_docs: dict[Part, dict[str, set[str]]] = {}
+        self._df: dict[str, int] = {}  # term -> docs holding it, over all partitions
+        self._entity_df: dict[str, int] = {}
         # first alias term -> (scope, owner) -> aliases; lookups stay per query term
         self._aliases: dict[str, dict[tuple[str, str], set[_Alias]]] = {}
         self._total_len = 0.0
@@ -107,26 +114,39 @@ class LexicalIndex:
         self._doc_terms[doc.doc_id] = tuple(tf)
         self._doc_entities[doc.doc_id] = ents
         self._total_len += length
+        part = (doc.scope, doc.owner)
+        postings = self._postings.setdefault(part, {})
         for t, n in tf.items():
-            self._postings.setdefault(t, {})[doc.doc_id] = n
+            postings.setdefault(t, {})[doc.doc_id] = n
+            self._df[t] = self._df.get(t, 0) + 1
+        entity_docs = self._entity_docs.setdefault(part, {})
         for e in ents:
-            self._entity_docs.setdefault(e, set()).add(doc.doc_id)
+            entity_docs.setdefault(e, set()).add(doc.doc_id)
+            self._entity_df[e] = self._entity_df.get(e, 0) + 1
 
     def remove(self, doc_id: str) -> None:
         """Forget a document; unknown ids are ignored (removal is idempotent too)."""
-        if self._docs.pop(doc_id, None) is None:
+        doc = self._docs.pop(doc_id, None)
+        if doc is None:
             return
         self._total_len -= self._len.pop(doc_id)
+        part = (doc.scope, doc.owner)
+        postings = self._postings[part]
         for t in self._doc_terms.pop(doc_id):
-            posting = self._postings[t]
+            posting = postings[t]
             del posting[doc_id]
             if not posting:
-                del self._postings[t]
+                del postings[t]
+            _decrement(self._df, t)
+        entity_docs = self._entity_docs[part]
         for e in self._doc_entities.pop(doc_id):
-            docs = self._entity_docs[e]
+            docs = entity_docs[e]
             docs.discard(doc_id)
             if not docs:
-                del self._entity_docs[e]
+                del entity_docs[e]
+            _decrement(self._entity_df, e)
+        if not postings and not entity_docs:
+            del self._postings[part], self._entity_docs[part]
 
     # ---------------------------------------------------------------- aliases
 
@@ -177,8 +197,14 @@ class LexicalIndex:
 
     def _idf(self, term: str) -> float:
         n = len(self._docs)
-        df = len(self._postings.get(term, ()))
+        df = self._df.get(term, 0)
         return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+    def _visible_parts(self, visible: Visible) -> list[Part]:
+        """The partitions a search reads, in a fixed order (so float sums are reproducible)."""
+        if callable(visible):
+            return sorted(p for p in self._postings if visible(*p))
+        return sorted(p for p in set(visible) if p in self._postings)
 
     def search(self, query: str, entities: list[str], visible: Visible,
                k: int) -> list[Hit]:
@@ -191,6 +217,7 @@ class LexicalIndex:
         """
         if k <= 0 or not self._docs:
             return []
+        parts_seen = self._visible_parts(visible)
         ok: Callable[[str, str], bool]
         if callable(visible):
             ok = visible
@@ -205,39 +232,33 @@ class LexicalIndex:
         n_docs = len(self._docs)
         avg = self._total_len / n_docs or 1.0
         k1, b = self.k1, self.b
-        seen: dict[str, bool] = {}
-        docs, lens = self._docs, self._len
+        lens = self._len
+        postings = [self._postings[p] for p in parts_seen]
+        entity_docs = [self._entity_docs[p] for p in parts_seen]
         # one accumulator per channel; summed in a fixed channel order, so the float result
         # does not depend on which channel reached a doc first
         parts: dict[str, dict[str, float]] = {"bm25": {}, "entity": {}, "alias": {}}
 
-        def admit(doc_id: str) -> bool:
-            v = seen.get(doc_id)
-            if v is None:
-                d = docs[doc_id]
-                v = seen[doc_id] = bool(ok(d.scope, d.owner))
-            return v
-
         def bm25(term: str, weight: float, how: str) -> None:
-            posting = self._postings.get(term)
-            if not posting:
+            df = self._df.get(term)
+            if not df:
                 return
             idf = self._idf(term)
             acc = parts[how]
-            for doc_id, tf in posting.items():
-                if admit(doc_id):
+            for part in postings:
+                for doc_id, tf in part.get(term, {}).items():
                     norm = tf + k1 * (1 - b + b * lens[doc_id] / avg)
                     acc[doc_id] = acc.get(doc_id, 0.0) + weight * idf * tf * (k1 + 1) / norm
 
         def entity(key: str, weight: float, how: str) -> None:
-            ent_docs = self._entity_docs.get(key)
-            if not ent_docs:
+            df = self._entity_df.get(key)
+            if not df:
                 return
             # rare entities count fully, ubiquitous ones barely
-            bonus = ENTITY_BONUS * math.log(1 + n_docs / len(ent_docs)) / math.log(1 + n_docs)
+            bonus = ENTITY_BONUS * math.log(1 + n_docs / df) / math.log(1 + n_docs)
             acc = parts[how]
-            for doc_id in ent_docs:
-                if admit(doc_id):
+            for part in entity_docs:
+                for doc_id in part.get(key, ()):
                     acc[doc_id] = acc.get(doc_id, 0.0) + weight * bonus
 
         for term in q:  # repeated query terms count again, as in rank_bm25
@@ -269,3 +290,11 @@ class LexicalIndex:
             via = order[max(range(len(order)), key=lambda i: (by[i], -i))]
             ranked.append((doc_id, -neg, via))
         return ranked
+
+
+def _decrement(counts: dict[str, int], key: str) -> None:
+    n = counts[key] - 1
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]

@@ -12,6 +12,7 @@ with the same faust Worker set-up as the real worker.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import faust
 
@@ -21,7 +22,10 @@ from mnemoflow.streams.worker import PRODUCER_BATCH_BYTES
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
 app = WorkerApp(os.environ.get("APP", "faust-floor"), broker=f"kafka://{os.environ.get('BS', '')}",
-                store="memory://", web_enabled=False, topic_replication_factor=1,
+                store="memory://", web_enabled=False,
+                # faust's default datadir is "<app>-data" in the working directory
+                datadir=os.path.join(tempfile.gettempdir(), "mnemoflow-bench-{conf.name}-data"),
+                topic_replication_factor=1,
                 consumer_auto_offset_reset=os.environ.get("RESET", "earliest"), producer_acks=-1,
                 producer_max_batch_size=PRODUCER_BATCH_BYTES)
 chain = os.environ.get("CHAIN") or f"{os.environ.get('SRC', 'src')},{os.environ.get('DST', 'dst')}"

@@ -91,21 +91,39 @@ def test_visibility_filters_before_scoring_and_never_leaks() -> None:
     assert idx.search("hiking", [], lambda s, o: False, k=10) == []
 
 
-def test_search_cost_scales_with_postings_not_corpus() -> None:
+def test_visibility_is_asked_per_partition_not_per_document() -> None:
+    """Postings are kept per (scope, owner): a search asks visibility once per partition and
+    never reads another owner's postings, however many of them hold the query's terms."""
     idx = LexicalIndex()
     for i in range(2000):
-        idx.add(LexicalDoc(f"filler{i:04}", f"note number {i} about groceries", *USER))
+        idx.add(LexicalDoc(f"other{i:04}", f"the zeppelin note {i}", "User", f"u{2 + i % 50}"))
     for i in range(3):
         idx.add(LexicalDoc(f"hit{i}", "the zeppelin museum in friedrichshafen", *USER))
     calls: list[tuple[str, str]] = []
 
     def visible(scope: str, owner: str) -> bool:
         calls.append((scope, owner))
-        return True
+        return (scope, owner) == USER
 
     hits = idx.search("zeppelin", [], visible, k=10)
     assert [d for d, _, _ in hits] == ["hit0", "hit1", "hit2"]
-    assert len(calls) == 3
+    assert len(calls) == 51 and len(set(calls)) == 51
+    assert idx.search("zeppelin", [], {USER}, k=10) == hits
+
+
+def test_scores_use_index_wide_statistics_and_survive_removal() -> None:
+    """Partitioning the postings must not change BM25: idf counts every partition, and a
+    removed document leaves no trace in the counts."""
+    idx = LexicalIndex()
+    idx.add(LexicalDoc("a", "zeppelin museum", *USER))
+    idx.add(LexicalDoc("b", "museum ticket", "User", "u2"))
+    alone = LexicalIndex()
+    alone.add(LexicalDoc("a", "zeppelin museum", *USER))
+    assert idx.search("museum", [], {USER}, 5) != alone.search("museum", [], {USER}, 5)
+    idx.remove("b")
+    assert idx.search("museum", [], {USER}, 5) == alone.search("museum", [], {USER}, 5)
+    idx.remove("a")
+    assert len(idx) == 0 and idx.search("museum", [], {USER}, 5) == []
 
 
 def test_add_is_idempotent_and_replaces() -> None:
