@@ -79,7 +79,10 @@ def write(out: Path, name: str, result: dict[str, Any]) -> None:
              f"- wall time: {result['wall_s']}",
              f"- questions moved after their haystack (evidence dated after the question): "
              f"{result.get('questions_moved_after_their_haystack', 0)}",
-             f"- tuning: {result['tuning_source']}", "",
+             f"- tuning: {result['tuning_source']}",
+             "- worker settings: " + (", ".join(f"{k}={v}" for k, v in
+                                       result.get("worker_env", {}).items()) or "defaults"),
+             "",
              "## Recall over the ranked candidates recorded in the audit", "",
              "| system | " + " | ".join(f"{metric}@{k}" for k in KS) + " |",
              "|---|" + "---|" * len(KS)]

@@ -27,6 +27,13 @@ from mnemoflow.streams.reader import TopicReader
 con = Console(stderr=True)
 
 
+# A replay floods the worker (a whole haystack is produced at once), so recall would otherwise
+# see however much had been embedded by then, and the vector tier could time out behind the
+# embedding backlog: both make packets depend on timing. The replay's worker waits instead.
+REPLAY_WORKER_ENV = {"MNEMOFLOW_RECALL_BARRIER": "projected", "MNEMOFLOW_BARRIER_TIMEOUT_S": "600",
+                     "MNEMOFLOW_VECTOR_TIMEOUT_S": "120"}
+
+
 def eval_settings(name: str) -> Settings:
     base = Settings()
     tag = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:4]
@@ -78,7 +85,8 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
     asyncio.run(create_topics(settings, bootstrap))
     settings.home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix,
-               MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home))
+               MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home),
+               **REPLAY_WORKER_ENV)
     log_path = settings.home / f"{settings.app_id}.log"
     proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker",
                              "--loglevel", "info"], env=env,
@@ -108,6 +116,7 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
         "benchmark": name, "mode": mode, "command": command,
         "tuning_source": load_tuning(settings.weights_file).source,
         "tuning": load_tuning(settings.weights_file).to_dict(),
+        "worker_env": REPLAY_WORKER_ENV,
         "haystack_events": log.haystack_events, "wall_s": log.wall_s,
         "questions_moved_after_their_haystack": bench.shifted_questions,
         "summary": metrics.summarise(df), "pipeline": metrics.pipeline_metrics(bench, log, data, df),

@@ -38,9 +38,25 @@ class Settings:
         default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_IDLE_S", "3")))
     graph: bool = field(default_factory=lambda: _env("MNEMOFLOW_GRAPH", "1") not in ("0", "off"))
     vector: bool = field(default_factory=lambda: _env("MNEMOFLOW_VECTOR", "1") not in ("0", "off"))
+    # what recall waits for before it searches: "applied" (the lexical store; never waits
+    # behind embedding) or "projected" (every projection, vectors included: a replay then
+    # gives the same packets whatever the embedding speed; the evaluation harness uses it)
+    recall_barrier: str = field(
+        default_factory=lambda: _env("MNEMOFLOW_RECALL_BARRIER", "applied"))
+    barrier_timeout_s: float = field(
+        default_factory=lambda: float(_env("MNEMOFLOW_BARRIER_TIMEOUT_S", "2")))
+    # past this the vector tier (query embedding + LanceDB) is given up and recall answers
+    # lexically (G-05); the query embedding itself gets one second less
+    vector_timeout_s: float = field(
+        default_factory=lambda: float(_env("MNEMOFLOW_VECTOR_TIMEOUT_S", "3")))
     # fault injection for resilience drills: these recall tiers raise instead of answering
     fault_tiers: tuple[str, ...] = field(default_factory=lambda: tuple(
         t for t in os.environ.get("MNEMOFLOW_FAULT_TIERS", "").split(",") if t))
+
+    def __post_init__(self) -> None:
+        if self.recall_barrier not in ("applied", "projected"):
+            raise ValueError(f"MNEMOFLOW_RECALL_BARRIER must be applied or projected, "
+                             f"not {self.recall_barrier!r}")
 
     @property
     def kafka_dir(self) -> Path:

@@ -2,7 +2,10 @@
 
 The store is a projection: every worker folds the whole log, so recall sees a user's
 memories whatever partition their sessions hashed to. `barrier()` lets recall wait until
-everything already in the log is applied, which keeps replays deterministic.
+everything already in the log is applied to the store (lexical recall), or, with
+`projected=True`, also flushed through every sink (the vector index above all): the first
+keeps recall from ever waiting behind embedding, the second makes a bulk replay's vector hits
+independent of how far embedding had got, so the same input gives the same packets.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class MemoryLogProjector:
         self.group = group
         self.sinks = list(sinks or [])
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
+        self.projected: dict[TopicPartition, int] = {}  # next offset not yet in every sink
         self.skipped = 0
         self._consumer: AIOKafkaConsumer | None = None
         # a second client only for end offsets: a broker answers one connection's requests in
@@ -64,7 +68,7 @@ class MemoryLogProjector:
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             for tp in tps:
-                self.applied[tp] = 0
+                self.applied[tp] = self.projected[tp] = 0
             self._ready.set()
             unflushed = 0
             while True:
@@ -83,6 +87,8 @@ class MemoryLogProjector:
                 async with self._progress:
                     self._progress.notify_all()
                 unflushed += sum(len(m) for m in batch.values())
+                if not self.sinks:
+                    self.projected.update(self.applied)
                 if flushing is not None and flushing.done():
                     covered, flushing = flushing.result(), None
                     if covered is None:
@@ -118,25 +124,32 @@ class MemoryLogProjector:
                 log.exception("projection %s failed; retrying with the next batch",
                               type(sink).__name__)
                 ok = False
-        return applied if ok else None
+        if not ok:
+            return None
+        self.projected.update(applied)
+        async with self._progress:
+            self._progress.notify_all()
+        return applied
 
-    async def barrier(self, timeout: float = 2.0) -> bool:
-        """Wait until every record already in the log is applied; False on timeout or error.
+    async def barrier(self, timeout: float = 2.0, projected: bool = False) -> bool:
+        """Wait until every record already in the log is applied (and, if `projected`, in
+        every sink too); False on timeout or error.
 
         Bounded as a whole (the end-offset request included): recall must never hang on it.
         """
         try:
-            return await asyncio.wait_for(self._barrier(timeout), timeout)
+            return await asyncio.wait_for(self._barrier(projected), timeout)
         except (TimeoutError, KafkaError):
             return False
 
-    async def _barrier(self, timeout: float) -> bool:
+    async def _barrier(self, projected: bool) -> bool:
         await self._ready.wait()
         assert self._offsets is not None
         ends = await self._offsets.end_offsets(list(self.applied))
+        done = self.projected if projected else self.applied
 
         def caught_up() -> bool:
-            return all(self.applied.get(tp, 0) >= end for tp, end in ends.items())
+            return all(done.get(tp, 0) >= end for tp, end in ends.items())
 
         async with self._progress:
             await self._progress.wait_for(caught_up)

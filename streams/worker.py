@@ -121,7 +121,9 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
                                 context_weight=tuning.index.vector_context_weight,
                                 embed_max_chars=tuning.index.embed_max_chars))
         store.name = f"lexical+vector:{embedder.version}"  # the retrievalVersion says which
-        tiers.append(TierSpec(VectorTier(store, index, embedder), timeout_s=3.0))
+        tiers.append(TierSpec(VectorTier(store, index, embedder,
+                                         embed_timeout_s=max(0.1, settings.vector_timeout_s - 1)),
+                              timeout_s=settings.vector_timeout_s))
     graph_sink = None
     if settings.graph:  # C-04 tier 3: only when the tiers before it found few hits
         graph_sink = GraphSink(GraphState(), store=store)
@@ -249,7 +251,8 @@ def _wire(pipe: Pipeline) -> None:
             else:
                 try:
                     version = pipe.store.version
-                    caught_up = await pipe.projector.barrier(timeout=2.0)
+                    caught_up = await pipe.projector.barrier(
+                        s.barrier_timeout_s, projected=s.recall_barrier == "projected")
                     result = await recall(req, pipe.tiers, tun.rank.recall_k)
                     if not caught_up:
                         result.tiers["projection"] = "lagging"

@@ -1,0 +1,75 @@
+"""The memory-log projector's two barriers, against the real broker.
+
+`barrier()` waits for the store (lexical recall) only, so recall never waits behind embedding;
+`barrier(projected=True)` also waits for every sink's flush, which a replay needs for the same
+packets whatever the embedding speed. A sink whose flush is held shows the difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.schemas.codec import default_registry
+from mnemoflow.streams import topics as T
+from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.projector import MemoryLogProjector
+
+from factories import memory_event
+from support import isolated_settings, prepare_topics
+
+pytestmark = pytest.mark.kafka
+
+
+class HeldSink:
+    """Records events; its flush does not return until the test releases it."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.flushed: list[str] = []
+        self.release = asyncio.Event()
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        self.seen.append(ev["memoryId"])
+
+    async def flush(self) -> None:
+        todo = list(self.seen)
+        await self.release.wait()
+        self.flushed = todo
+
+
+async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_not(
+        kafka_bootstrap, tmp_path):
+    s = isolated_settings(tmp_path, "projector")
+    await prepare_topics(s, kafka_bootstrap)
+    topic = T.MEMORY_LOG.name(s)
+    async with AvroProducer(s, kafka_bootstrap) as producer:
+        for i in range(6):
+            await producer.send(topic, "io.mnemoflow.MemoryEvent", f"u{i % 3}",
+                                memory_event(f"m{i}", ["kafka", f"e{i}"], owner=f"u{i % 3}"))
+    sink = HeldSink()
+    store = MemoryStore()
+    projector = MemoryLogProjector(kafka_bootstrap, topic, store, default_registry(),
+                                   s.client_kwargs(), sinks=[sink])
+    run = asyncio.create_task(projector.run())
+    try:
+        assert await projector.barrier(timeout=30.0)
+        assert len(store.records) == 6  # applied: lexical recall sees every record
+        # the sink has seen them all but its flush is held: not projected yet
+        assert not await projector.barrier(timeout=1.0, projected=True)
+        assert sink.flushed == []
+        sink.release.set()
+        assert await projector.barrier(timeout=30.0, projected=True)
+        assert sorted(sink.flushed) == [f"m{i}" for i in range(6)]
+        # a record written after the release: applied at once, projected by the next flush
+        async with AvroProducer(s, kafka_bootstrap) as producer:
+            await producer.send(topic, "io.mnemoflow.MemoryEvent", "u0",
+                                memory_event("m6", ["late"], owner="u0"))
+        assert await projector.barrier(timeout=30.0, projected=True)
+        assert "m6" in sink.flushed and "m6" in store.records
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
