@@ -13,7 +13,8 @@ its previous-turn map is rebuilt before any new row is written.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,8 @@ class VectorSink:
     _seen_relinks: int = 0
     _redo: set[str] = field(default_factory=set)  # written rows whose context changed
     _pending_ids: set[str] = field(default_factory=set)
+    # (scope, owner) -> rows buffered or being written: what a per-owner barrier waits for
+    _unwritten: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         if self.store is None:
@@ -132,6 +135,7 @@ class VectorSink:
             self._redo.discard(mid)
             if mid in self._pending_ids:
                 self._pending_ids.discard(mid)
+                self._written([r for r in self.pending if r["memory_id"] == mid])
                 self.pending = [r for r in self.pending if r["memory_id"] != mid]
         self._seen_revocations = len(st.revocations)
         for mid in st.relinked[self._seen_relinks:]:
@@ -153,6 +157,7 @@ class VectorSink:
             return  # already embedded (the index persists across restarts) or buffered
         ttl = ev.get("ttlMs")
         self._pending_ids.add(mid)
+        self._unwritten[(ev["scope"], ev["owner"])] += 1
         self.pending.append({"memory_id": mid, "kind": ev["kind"], "text": ev["text"],
                              "scope": ev["scope"], "owner": ev["owner"],
                              "event_time": ev["eventTime"],
@@ -186,6 +191,26 @@ class VectorSink:
                              "event_time": rec.event_time, "expires_at": rec.expires_at or 0})
         return rows
 
+    def _written(self, rows: list[dict[str, Any]]) -> None:
+        """These buffered rows left the buffer (written, or revoked before they were)."""
+        for r in rows:
+            key = (r["scope"], r["owner"])
+            left = self._unwritten[key] - 1
+            if left > 0:
+                self._unwritten[key] = left
+            else:
+                del self._unwritten[key]
+
+    def unprojected(self, owners: Collection[tuple[str, str]]) -> bool:
+        """Whether a row of these (scope, owner) pairs is not in the index yet: buffered, being
+        written, or to be re-written with a new context. The projector's per-owner barrier."""
+        if any(self._unwritten.get(o) for o in owners):
+            return True
+        st = self.store
+        return bool(self._redo) and st is not None and any(
+            (r.scope, r.owner) in owners for m in self._redo
+            if (r := st.records.get(m)) is not None)
+
     async def flush(self) -> int:
         """Embed and write what was buffered when the flush began; returns rows written.
 
@@ -204,6 +229,7 @@ class VectorSink:
                 await self._write(rows)
                 todo = todo[self.batch:]
                 self._pending_ids.difference_update(r["memory_id"] for r in rows)
+                self._written(rows)
                 n += len(rows)
             while revoked:
                 await loop.run_in_executor(None, self.index.revoke, revoked[0])

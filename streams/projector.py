@@ -3,9 +3,10 @@
 The store is a projection: every worker folds the whole log, so recall sees a user's
 memories whatever partition their sessions hashed to. `barrier()` lets recall wait until
 everything already in the log is applied to the store (lexical recall), or, with
-`projected=True`, also flushed through every sink (the vector index above all): the first
-keeps recall from ever waiting behind embedding, the second makes a bulk replay's vector hits
-independent of how far embedding had got, so the same input gives the same packets.
+`projected=True`, also flushed through every sink (the vector index above all), or only
+through the rows of given owners: the first keeps recall from ever waiting behind embedding,
+the others make a bulk replay's vector hits independent of how far embedding had got, so the
+same input gives the same packets.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any, Protocol
+from collections.abc import Collection
+from typing import Any, Protocol, runtime_checkable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -30,6 +32,15 @@ class Sink(Protocol):
 
     def flush(self) -> Any: ...
 
+
+@runtime_checkable
+class OwnerTracking(Protocol):
+    """A sink that can say whether it still buffers rows of some (scope, owner) pairs."""
+
+    def unprojected(self, owners: Collection[tuple[str, str]]) -> bool: ...
+
+
+OWNER_POLL_S = 0.01  # a per-owner barrier re-checks this often (flushes write in batches)
 log = logging.getLogger(__name__)
 
 
@@ -131,26 +142,37 @@ class MemoryLogProjector:
             self._progress.notify_all()
         return applied
 
-    async def barrier(self, timeout: float = 2.0, projected: bool = False) -> bool:
+    async def barrier(self, timeout: float = 2.0, projected: bool = False,
+                      owners: Collection[tuple[str, str]] | None = None) -> bool:
         """Wait until every record already in the log is applied (and, if `projected`, in
         every sink too); False on timeout or error.
 
+        With `owners` (a request's scope chain), `projected` waits only until no sink holds
+        an unwritten row of those (scope, owner) pairs: recall sees the same memories as a
+        full wait would, without waiting for other users' embeddings in a bulk replay.
         Bounded as a whole (the end-offset request included): recall must never hang on it.
         """
         try:
-            return await asyncio.wait_for(self._barrier(projected), timeout)
+            return await asyncio.wait_for(self._barrier(projected, owners), timeout)
         except (TimeoutError, KafkaError):
             return False
 
-    async def _barrier(self, projected: bool) -> bool:
+    async def _barrier(self, projected: bool,
+                       owners: Collection[tuple[str, str]] | None) -> bool:
         await self._ready.wait()
         assert self._offsets is not None
         ends = await self._offsets.end_offsets(list(self.applied))
-        done = self.projected if projected else self.applied
+        done = self.projected if projected and owners is None else self.applied
 
         def caught_up() -> bool:
             return all(done.get(tp, 0) >= end for tp, end in ends.items())
 
         async with self._progress:
             await self._progress.wait_for(caught_up)
+        if projected and owners is not None:
+            # every record up to the end is now in the store and was offered to every sink;
+            # a sink that buffers says whether it still holds one of these owners' rows
+            while any(sink.unprojected(owners) for sink in self.sinks
+                      if isinstance(sink, OwnerTracking)):
+                await asyncio.sleep(OWNER_POLL_S)
         return True

@@ -23,6 +23,7 @@ from typing import Any
 import faust
 
 from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
+from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.consolidate import consolidate
 from mnemoflow.agents.evidence import EvidenceState
 from mnemoflow.agents.evidence import update as update_evidence
@@ -252,7 +253,8 @@ def _wire(pipe: Pipeline) -> None:
                 try:
                     version = pipe.store.version
                     caught_up = await pipe.projector.barrier(
-                        s.barrier_timeout_s, projected=s.recall_barrier == "projected")
+                        s.barrier_timeout_s, projected=s.recall_barrier == "projected",
+                        owners=scope_chain(req))
                     result = await recall(req, pipe.tiers, tun.rank.recall_k)
                     if not caught_up:
                         result.tiers["projection"] = "lagging"

@@ -70,3 +70,25 @@ async def test_a_flush_writes_only_what_was_buffered_when_it_began() -> None:
     assert await sink.flush() == 2  # ends although records arrived during it
     assert index.ids == {"m0", "m1"} and [r["memory_id"] for r in sink.pending] == ["m100",
                                                                                    "m101"]
+
+
+async def test_unprojected_names_the_owners_whose_rows_are_not_written_yet() -> None:
+    """The per-owner barrier: a row is unprojected from on_event until its batch is written,
+    also while a failed flush keeps it; a row revoked before it was written no longer counts."""
+    index = _Index()
+    u1, u2, u3 = ("User", "u1"), ("User", "u2"), ("User", "u3")
+    sink = VectorSink(index, _Embedder(failures=1), batch=1)  # type: ignore[arg-type]
+    sink.on_event(memory_event("a", ["atlas"], owner="u1"))
+    sink.on_event(memory_event("b", ["atlas"], owner="u2"))
+    sink.on_event(memory_event("c", ["atlas"], owner="u3"))
+    assert sink.unprojected({u1}) and sink.unprojected({u2, ("Session", "x")})
+    assert not sink.unprojected({("User", "u9")})
+    sink.on_event({**memory_event("c", [], owner="u3"), "eventId": "rv", "op": "memory_revoked"})
+    assert not sink.unprojected({u3})
+    try:
+        await sink.flush()
+    except TimeoutError:
+        pass
+    assert sink.unprojected({u1}) and sink.unprojected({u2})  # the failure kept both
+    await sink.flush()
+    assert index.ids == {"a", "b"} and not sink.unprojected({u1, u2, u3})

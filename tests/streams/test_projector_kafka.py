@@ -73,3 +73,38 @@ async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_no
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
+
+
+class HeldOwnerSink(HeldSink):
+    """Also says which owners' rows it still holds: u0's until released."""
+
+    def unprojected(self, owners: Any) -> bool:
+        return not self.release.is_set() and ("User", "u0") in owners
+
+
+async def test_the_per_owner_barrier_waits_only_for_the_requesting_owners_rows(
+        kafka_bootstrap, tmp_path):
+    s = isolated_settings(tmp_path, "projector-owner")
+    await prepare_topics(s, kafka_bootstrap)
+    topic = T.MEMORY_LOG.name(s)
+    async with AvroProducer(s, kafka_bootstrap) as producer:
+        for i in range(4):
+            await producer.send(topic, "io.mnemoflow.MemoryEvent", f"u{i % 2}",
+                                memory_event(f"m{i}", ["kafka"], owner=f"u{i % 2}"))
+    sink = HeldOwnerSink()
+    store = MemoryStore()
+    projector = MemoryLogProjector(kafka_bootstrap, topic, store, default_registry(),
+                                   s.client_kwargs(), sinks=[sink])
+    run = asyncio.create_task(projector.run())
+    try:
+        u0, u1 = {("User", "u0"), ("Session", "q")}, {("User", "u1"), ("Session", "q")}
+        # u1 has nothing held: answered although the flush (and u0's rows) is still held
+        assert await projector.barrier(timeout=30.0, projected=True, owners=u1)
+        assert len(store.records) == 4
+        assert not await projector.barrier(timeout=1.0, projected=True, owners=u0)
+        assert not await projector.barrier(timeout=1.0, projected=True)  # the whole log
+        sink.release.set()
+        assert await projector.barrier(timeout=30.0, projected=True, owners=u0)
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
