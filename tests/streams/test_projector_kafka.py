@@ -8,6 +8,9 @@ packets whatever the embedding speed. A sink whose flush is held shows the diffe
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,23 +44,40 @@ class HeldSink:
         self.flushed = todo
 
 
-async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_not(
-        kafka_bootstrap, tmp_path):
+@asynccontextmanager
+async def running_projector(bootstrap: str, tmp_path: Path, n: int, owners: int,
+                            sink: HeldSink) -> AsyncIterator[tuple[MemoryLogProjector, Any]]:
+    """A memory-log with n records of `owners` users, and a projector over it running."""
     s = isolated_settings(tmp_path, "projector")
-    await prepare_topics(s, kafka_bootstrap)
+    await prepare_topics(s, bootstrap)
     topic = T.MEMORY_LOG.name(s)
-    async with AvroProducer(s, kafka_bootstrap) as producer:
-        for i in range(6):
-            await producer.send(topic, "io.mnemoflow.MemoryEvent", f"u{i % 3}",
-                                memory_event(f"m{i}", ["kafka", f"e{i}"], owner=f"u{i % 3}"))
-    sink = HeldSink()
-    store = MemoryStore()
-    projector = MemoryLogProjector(kafka_bootstrap, topic, store, default_registry(),
+    send = _sender(s, bootstrap, topic)
+    for i in range(n):
+        await send(f"m{i}", f"u{i % owners}")
+    projector = MemoryLogProjector(bootstrap, topic, MemoryStore(), default_registry(),
                                    s.client_kwargs(), sinks=[sink])
     run = asyncio.create_task(projector.run())
     try:
+        yield projector, send
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+
+
+def _sender(s: Any, bootstrap: str, topic: str) -> Any:
+    async def send(mid: str, owner: str) -> None:
+        async with AvroProducer(s, bootstrap) as producer:
+            await producer.send(topic, "io.mnemoflow.MemoryEvent", owner,
+                                memory_event(mid, ["kafka", mid], owner=owner))
+    return send
+
+
+async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_not(
+        kafka_bootstrap, tmp_path):
+    sink = HeldSink()
+    async with running_projector(kafka_bootstrap, tmp_path, 6, 3, sink) as (projector, send):
         assert await projector.barrier(timeout=30.0)
-        assert len(store.records) == 6  # applied: lexical recall sees every record
+        assert len(projector.store.records) == 6  # applied: lexical recall sees every record
         # the sink has seen them all but its flush is held: not projected yet
         assert not await projector.barrier(timeout=1.0, projected=True)
         assert sink.flushed == []
@@ -65,14 +85,9 @@ async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_no
         assert await projector.barrier(timeout=30.0, projected=True)
         assert sorted(sink.flushed) == [f"m{i}" for i in range(6)]
         # a record written after the release: applied at once, projected by the next flush
-        async with AvroProducer(s, kafka_bootstrap) as producer:
-            await producer.send(topic, "io.mnemoflow.MemoryEvent", "u0",
-                                memory_event("m6", ["late"], owner="u0"))
+        await send("m6", "u0")
         assert await projector.barrier(timeout=30.0, projected=True)
-        assert "m6" in sink.flushed and "m6" in store.records
-    finally:
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
+        assert "m6" in sink.flushed and "m6" in projector.store.records
 
 
 class HeldOwnerSink(HeldSink):
@@ -84,27 +99,13 @@ class HeldOwnerSink(HeldSink):
 
 async def test_the_per_owner_barrier_waits_only_for_the_requesting_owners_rows(
         kafka_bootstrap, tmp_path):
-    s = isolated_settings(tmp_path, "projector-owner")
-    await prepare_topics(s, kafka_bootstrap)
-    topic = T.MEMORY_LOG.name(s)
-    async with AvroProducer(s, kafka_bootstrap) as producer:
-        for i in range(4):
-            await producer.send(topic, "io.mnemoflow.MemoryEvent", f"u{i % 2}",
-                                memory_event(f"m{i}", ["kafka"], owner=f"u{i % 2}"))
     sink = HeldOwnerSink()
-    store = MemoryStore()
-    projector = MemoryLogProjector(kafka_bootstrap, topic, store, default_registry(),
-                                   s.client_kwargs(), sinks=[sink])
-    run = asyncio.create_task(projector.run())
-    try:
+    async with running_projector(kafka_bootstrap, tmp_path, 4, 2, sink) as (projector, _):
         u0, u1 = {("User", "u0"), ("Session", "q")}, {("User", "u1"), ("Session", "q")}
         # u1 has nothing held: answered although the flush (and u0's rows) is still held
         assert await projector.barrier(timeout=30.0, projected=True, owners=u1)
-        assert len(store.records) == 4
+        assert len(projector.store.records) == 4
         assert not await projector.barrier(timeout=1.0, projected=True, owners=u0)
         assert not await projector.barrier(timeout=1.0, projected=True)  # the whole log
         sink.release.set()
         assert await projector.barrier(timeout=30.0, projected=True, owners=u0)
-    finally:
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
