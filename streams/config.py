@@ -39,8 +39,9 @@ class Settings:
     graph: bool = field(default_factory=lambda: _env("MNEMOFLOW_GRAPH", "1") not in ("0", "off"))
     vector: bool = field(default_factory=lambda: _env("MNEMOFLOW_VECTOR", "1") not in ("0", "off"))
     # what recall waits for before it searches: "applied" (the lexical store; never waits
-    # behind embedding) or "projected" (every projection, vectors included: a replay then
-    # gives the same packets whatever the embedding speed; the evaluation harness uses it)
+    # behind embedding) or "projected" (also every vector row of the request's scope owners:
+    # a replay then gives the same packets whatever the embedding speed; the evaluation
+    # harness uses it)
     recall_barrier: str = field(
         default_factory=lambda: _env("MNEMOFLOW_RECALL_BARRIER", "applied"))
     barrier_timeout_s: float = field(
