@@ -165,7 +165,8 @@ def test_tables_without_the_callers_rows_are_not_queried(tmp_path: Path, monkeyp
     bob = frozenset({("User", "bob")})
     for idx in (filled(tmp_path), open_index(tmp_path / "idx", META)):  # also after reopening
         for name in ("facts", "procedures"):
-            monkeypatch.setattr(idx.tables[name], "search", lambda *a: pytest.fail("queried"))
+            for method in ("search", "asearch"):  # the sync and the concurrent path
+                monkeypatch.setattr(idx.tables[name], method, lambda *a: pytest.fail("queried"))
         assert [m for m, _ in idx.search(unit(1), bob, T + 1, 5)] == ["bob1"]
         assert idx.tables["facts"].owners == {("User", "alice")}
 
