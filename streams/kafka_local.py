@@ -46,6 +46,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (base64url of a uuid4). One starting with "-" is drawn
+    again, as Kafka's own Uuid.randomUuid does: StorageTool would read it as an option and
+    refuse to format (1 start in 32 failed so)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _java_major() -> int | None:
     java = shutil.which("java")
     if not java:
@@ -164,7 +174,7 @@ class LocalKafka:
         self.dir.mkdir(parents=True)
         port, cport = _free_port(), _free_port()
         config = self._write_config(port, cport)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
