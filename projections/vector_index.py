@@ -2,10 +2,11 @@
 
 Tables: `episodes` (segments and episodes), `facts`, `procedures`, `aliases` (M-06/M-07). Each
 has the vector, the text with a full-text (BM25) index, and the scalar columns every search
-prefilters on: scope, owner, event time, expiry, revoked. Splitting by kind keeps each table's
-ANN index trained on one distribution and lets a caller search only the kinds it wants; a
-search over several tables merges by similarity with ties broken by memory id, so the answer
-does not depend on table order.
+filters on: scope, owner, event time, expiry, revoked (a vector search without a time
+window prefilters on scope and owner only and checks the times itself: VectorIndex.search).
+Splitting by kind keeps each table's ANN index trained on one distribution and lets a caller
+search only the kinds it wants; a search over several tables merges by similarity with ties
+broken by memory id, so the answer does not depend on table order.
 
 The embedding model's name, dimension and version are stored next to the data (index_meta.json
 and every table's Arrow schema metadata). A mismatch is refused, never mixed:
@@ -48,6 +49,7 @@ REFINE_FACTOR = 5  # an ANN search re-scores 5k PQ candidates with the stored ve
 # scalar indices let the scope/owner prefilter read only the caller's rows instead of all
 SCALAR_INDICES = (("owner", BTree), ("scope", Bitmap))
 COMPACT_EVERY = 50  # adds; many small appends make many fragments
+OVERFETCH = 10  # rows beyond k a scope-only prefiltered search asks for (VectorIndex.search)
 
 
 class IndexMismatch(RuntimeError):
@@ -81,11 +83,16 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def visibility_filter(chain: frozenset[tuple[str, str]], before_ms: int,
+def owner_filter(chain: AbstractSet[tuple[str, str]]) -> str:
+    """The scope-chain part of the prefilter, which the scalar indices answer without a scan."""
+    return "(" + " OR ".join(f"(scope = {_q(s)} AND owner = {_q(o)})"
+                             for s, o in sorted(chain)) + ")"
+
+
+def visibility_filter(chain: AbstractSet[tuple[str, str]], before_ms: int,
                       window: tuple[int, int] | None = None) -> str:
-    """The prefilter every search uses: scope chain, existed before, not expired, not revoked."""
-    scopes = " OR ".join(f"(scope = {_q(s)} AND owner = {_q(o)})" for s, o in sorted(chain))
-    where = f"({scopes}) AND revoked = false AND event_time < {int(before_ms)} " \
+    """The whole prefilter: scope chain, existed before, not expired, not revoked."""
+    where = f"{owner_filter(chain)} AND revoked = false AND event_time < {int(before_ms)} " \
             f"AND (expires_at = 0 OR expires_at > {int(before_ms)})"
     if window:
         where += f" AND event_time >= {int(window[0])} AND event_time < {int(window[1])}"
@@ -126,11 +133,15 @@ class KindTable:
     def __len__(self) -> int:
         return int(self.table.count_rows())
 
-    def ids(self) -> list[str]:
+    def times(self) -> dict[str, tuple[int, int]]:
+        """memory id -> (event time, expiry) of every row."""
         if not len(self):
-            return []
-        return (self.table.search().select(["memory_id"]).limit(None).to_arrow()
-                .column("memory_id").to_pylist())
+            return {}
+        t = self.table.search().select(["memory_id", "event_time", "expires_at"]).limit(
+            None).to_arrow()
+        return dict(zip(t.column("memory_id").to_pylist(),
+                        zip(t.column("event_time").to_pylist(),
+                            t.column("expires_at").to_pylist(), strict=True), strict=True))
 
     def add(self, data: pa.Table, replace_ids: list[str]) -> None:
         if replace_ids:  # idempotent re-add; a delete scans the table, so only when needed
@@ -203,8 +214,12 @@ class VectorIndex:
         self.concurrent = LANCE_LOOP is not None and all(
             t.async_table is not None for t in self.tables.values())
         self._family: dict[str, str] = {}  # memory id -> table it lives in
+        # memory id -> (event time, expiry): the post-filter of a scope-only search (search())
+        self._times: dict[str, tuple[int, int]] = {}
         for name, t in self.tables.items():
-            self._family.update(dict.fromkeys(t.ids(), name))
+            times = t.times()
+            self._family.update(dict.fromkeys(times, name))
+            self._times.update(times)
         if LEGACY_TABLE in self.db.list_tables().tables:
             self._migrate_legacy()
 
@@ -244,6 +259,9 @@ class VectorIndex:
             }, schema=_schema(self.meta))
             self.tables[name].add(data, [i for i in ids if self._family.get(i) == name])
             self._family.update(dict.fromkeys(ids, name))
+            self._times.update(zip(ids, zip(data.column("event_time").to_pylist(),
+                                            data.column("expires_at").to_pylist(),
+                                            strict=True), strict=True))
 
     def _fan_out(self, sync: Any, coro: Any, families: tuple[str, ...],
                  chain: frozenset[tuple[str, str]]) -> list[list[tuple[str, float]]]:
@@ -264,16 +282,51 @@ class VectorIndex:
 
     def revoke(self, memory_id: str) -> None:
         name = self._family.pop(memory_id, None)
+        self._times.pop(memory_id, None)
         if name is not None:
             self.tables[name].delete([memory_id])
 
     def search(self, vector: np.ndarray, chain: frozenset[tuple[str, str]], before_ms: int,
                k: int, window: tuple[int, int] | None = None,
                families: tuple[str, ...] = RECALL_FAMILIES) -> list[tuple[str, float]]:
-        """(memory_id, cosine similarity), best first, only within the scope chain."""
-        where = visibility_filter(chain, before_ms, window)
-        return _merge(self._fan_out(lambda t: t.search(vector, where, k),
-                                    lambda t: t.asearch(vector, where, k), families, chain), k)
+        """(memory_id, cosine similarity), best first, only within the scope chain.
+
+        Without a time window, each table is prefiltered on the scope chain only, over-fetching
+        OVERFETCH rows; rows from after `before_ms` or expired by then are dropped here, from
+        the event times held in memory. The time columns have no index: in the prefilter they
+        nearly doubled a search (measured on an 850k-row table: 17 vs 9.5 ms p50), and so did
+        reading them back with the hits (16 vs 10 ms). When dropping
+        leaves fewer than k of a full page, that table is asked again with the whole
+        prefilter, so the answer is the whole prefilter's (exactly, for a flat scan).
+        """
+        if window:
+            where = visibility_filter(chain, before_ms, window)
+            return _merge(self._fan_out(lambda t: t.search(vector, where, k),
+                                        lambda t: t.asearch(vector, where, k), families,
+                                        chain), k)
+        limit = k + OVERFETCH
+
+        def kept(hits: list[tuple[str, float]]) -> list[tuple[str, float]] | None:
+            ok = [h for h in hits if self._visible(h[0], before_ms)][:k]
+            return ok if len(ok) >= k or len(hits) < limit else None
+
+        def one(t: KindTable) -> list[tuple[str, float]]:
+            got = kept(t.search(vector, owner_filter(chain & t.owners), limit))
+            return got if got is not None else t.search(
+                vector, visibility_filter(chain, before_ms), k)
+
+        async def aone(t: KindTable) -> list[tuple[str, float]]:
+            got = kept(await t.asearch(vector, owner_filter(chain & t.owners), limit))
+            return got if got is not None else await t.asearch(
+                vector, visibility_filter(chain, before_ms), k)
+
+        return _merge(self._fan_out(one, aone, families, chain), k)
+
+    def _visible(self, memory_id: str, before_ms: int) -> bool:
+        """Held (revocation deletes), existed before `before_ms`, not expired by then."""
+        times = self._times.get(memory_id)
+        return times is not None and times[0] < before_ms and (
+            times[1] == 0 or times[1] > before_ms)
 
     def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
                     k: int, window: tuple[int, int] | None = None,

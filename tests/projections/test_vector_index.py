@@ -13,6 +13,7 @@ import pytest
 
 from mnemoflow.projections.vector_index import (
     LEGACY_TABLE,
+    OVERFETCH,
     IndexMeta,
     IndexMismatch,
     open_index,
@@ -82,6 +83,29 @@ def test_time_expiry_and_window_prefilters(tmp_path: Path) -> None:
     assert {m for m, _ in idx.search(unit(1), ALICE, 550, 10)} == {"old", "brief"}
     assert {m for m, _ in idx.search(unit(1), ALICE, 1000, 10)} == {"old", "new"}
     assert {m for m, _ in idx.search(unit(1), ALICE, 1000, 10, window=(800, 950))} == {"new"}
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_hidden_rows_beyond_the_overfetch_fall_back_to_the_whole_prefilter(
+        tmp_path: Path, concurrent: bool) -> None:
+    """The closest rows are from after the request or expired, more of them than the
+    scope-only search over-fetches: the answer is still the visible rows, best first."""
+    idx = open_index(tmp_path / "idx", META)
+    idx.concurrent = concurrent
+    n = OVERFETCH + 5
+    idx.add([row(f"later{i:02}", "segment", t=2 * T) for i in range(n)]
+            + [row(f"gone{i:02}", "segment", expires_at=T + 5) for i in range(n)]
+            + [row("kept1", "segment"), row("kept2", "fact")],
+            np.stack([unit(1, 0.01 * i) for i in range(2 * n)] + [unit(1, 0.5), unit(1, 0.9)]))
+    assert [m for m, _ in idx.search(unit(1), ALICE, T + 10, 2)] == ["kept1", "kept2"]
+    assert [m for m, _ in idx.search(unit(1), ALICE, T + 10, 3)] == ["kept1", "kept2"]
+    # before their expiry, the expiring rows are the best visible ones
+    assert [m for m, _ in idx.search(unit(1), ALICE, T + 1, 2)] == ["gone00", "gone01"]
+    with_window = idx.search(unit(1), ALICE, 3 * T, 3, window=(2 * T, 3 * T))
+    assert [m for m, _ in with_window] == ["later00", "later01", "later02"]
+    reopened = open_index(tmp_path / "idx", META)  # the event times come back from disk
+    reopened.concurrent = concurrent
+    assert [m for m, _ in reopened.search(unit(1), ALICE, T + 10, 2)] == ["kept1", "kept2"]
 
 
 def test_revoke_and_re_add(tmp_path: Path) -> None:
