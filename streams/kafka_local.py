@@ -49,7 +49,7 @@ def _free_port() -> int:
 def new_cluster_id() -> str:
     """A random KRaft cluster id (base64url of a uuid4). One starting with "-" is drawn
     again, as Kafka's own Uuid.randomUuid does: StorageTool would read it as an option and
-    refuse to format (1 start in 32 failed so)."""
+    refuse to format, which failed about one start in 64."""
     while True:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
