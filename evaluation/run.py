@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,8 +17,9 @@ from mnemoflow.evaluation import baselines, metrics, report
 from mnemoflow.evaluation.datasets import Benchmark, load_locomo, load_longmemeval
 from mnemoflow.evaluation.replay import replay
 from mnemoflow.streams import topics as T
-from mnemoflow.streams.admin import create_topics, group_stable
+from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.process import WorkerProcess
 from mnemoflow.streams.reader import TopicReader
 
 con = Console(stderr=True)
@@ -84,30 +82,24 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
         bootstrap = LocalKafka(settings).up().bootstrap
     asyncio.run(create_topics(settings, bootstrap))
     settings.home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix,
-               MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home),
-               **REPLAY_WORKER_ENV)
     log_path = settings.home / f"{settings.app_id}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker",
-                             "--loglevel", "info"], env=env,
-                            stdout=open(log_path, "ab"), stderr=subprocess.STDOUT)
+    worker = WorkerProcess(settings, bootstrap, loglevel="info", extra_env=REPLAY_WORKER_ENV,
+                           log_path=log_path)
     con.print(f"{name}: {len(bench.sessions)} sessions, {len(bench.questions)} questions, "
               f"mode {mode}, worker log {log_path}")
-    try:
+    with worker:  # stopped on every way out, failures included
         async def go() -> Any:
-            while not await group_stable(settings, bootstrap, settings.app_id):
-                if proc.poll() is not None:
-                    raise SystemExit(f"worker exited {proc.returncode}; see {log_path}")
-                await asyncio.sleep(0.5)
+            try:
+                await worker.wait_ready(180)
+            except (RuntimeError, TimeoutError) as exc:
+                raise SystemExit(f"worker not ready: {exc}; see {log_path}") from None
             with Progress(console=con, transient=True) as progress:
                 log = await replay(bench, settings, bootstrap, mode, progress,
-                                   alive=lambda: proc.poll() is None)
+                                   alive=lambda: worker.proc is not None
+                                   and worker.proc.poll() is None)
             return log, await _read(settings, bootstrap)
 
         log, data = asyncio.run(go())
-    finally:
-        proc.terminate()
-        proc.wait(60)
     lists = {"bm25": baselines.bm25(bench)}
     tv, qv = _cosine_inputs(bench, data)
     lists["cosine"] = baselines.cosine(bench, tv, qv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 
@@ -19,6 +20,13 @@ def _kafka(args: argparse.Namespace, settings: Settings) -> int:
             k.up()
         elif args.action == "down":
             k.down()
+        elif args.action == "reset":
+            if not args.yes:
+                print(f"error: `kafka reset` deletes every topic, record and committed offset "
+                      f"of the local broker in {k.data_dir}; add --yes to do it", file=sys.stderr)
+                return 2
+            for path in k.reset():
+                print(f"deleted {path}")
         else:
             st = k.status()
             if st is None:
@@ -62,8 +70,23 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from mnemoflow.streams.kafka_local import resolve_bootstrap
     from mnemoflow.streams.worker import run_worker
 
-    run_worker(settings, resolve_bootstrap(settings), loglevel=args.loglevel)
-    return 0
+    return run_worker(settings, resolve_bootstrap(settings), loglevel=args.loglevel)
+
+
+def _health(args: argparse.Namespace, settings: Settings) -> int:
+    """0 when a live worker of the app is ready and its health file is fresh."""
+    import json
+
+    from mnemoflow.streams.lifecycle import read_health
+
+    workers = read_health(settings.home, settings.app_id)
+    for h in workers:
+        print(json.dumps(h) if args.json else
+              f"worker pid {h['pid']}: {h['status']}{' (stale)' if not h['fresh'] else ''}"
+              f"{': ' + h['detail'] if h.get('detail') else ''}")
+    if not workers:
+        print(f"no live worker of app {settings.app_id} under {settings.home}")
+    return 0 if any(h["status"] == "ready" and h["fresh"] for h in workers) else 1
 
 
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -145,10 +168,16 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mnemoflow", description=__doc__)
+    p.add_argument("--version", action="version", version=f"mnemoflow {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kafka", help="the local single-node KRaft broker")
-    k.add_argument("action", choices=["up", "down", "status"])
+    k.add_argument("action", choices=["up", "down", "status", "reset"],
+                   help="reset stops the broker and deletes its data (needs --yes)")
+    k.add_argument("--yes", action="store_true", help="confirm `reset`")
     k.set_defaults(func=_kafka)
+    h = sub.add_parser("health", help="is a worker of this app ready? (exit 0 if so)")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(func=_health)
     t = sub.add_parser("topics", help="the topic catalogue on the cluster")
     t.add_argument("action", choices=["create", "describe"])
     t.set_defaults(func=_topics)
@@ -182,9 +211,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mnemoflow")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Bad settings, an unreachable broker and missing topics are one line on stderr and
+    exit code 2; the traceback is logged only with `--loglevel debug`."""
+    from mnemoflow.streams.config import ConfigError
+    from mnemoflow.streams.preflight import PreflightError
+
     args = build_parser().parse_args(argv)
-    raise SystemExit(args.func(args, Settings()))
+    if getattr(args, "loglevel", "") != "debug":
+        # the Kafka client logs every failed connection; a command says it once, below
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        settings = Settings()
+        raise SystemExit(args.func(args, settings))
+    except (ConfigError, PreflightError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as exc:
+        from aiokafka.errors import KafkaConnectionError, KafkaError
+
+        from mnemoflow.streams.preflight import unreachable
+
+        if not isinstance(exc, KafkaError | OSError) or getattr(args, "loglevel", "") == "debug":
+            raise
+        if isinstance(exc, KafkaConnectionError | OSError):
+            print(f"error: {unreachable(_bootstrap_for_error(), exc)}", file=sys.stderr)
+        else:
+            print(f"error: Kafka at {_bootstrap_for_error()}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _bootstrap_for_error() -> str:
+    import os
+
+    return os.environ.get("KAFKA_BOOTSTRAP") or "the local broker"
 
 
 if __name__ == "__main__":

@@ -1,63 +1,157 @@
-"""Settings from the environment: one frozen object passed around, never read globally."""
+"""Settings from the environment: one frozen object passed around, never read globally.
+
+Every variable is parsed here, once, when a Settings is made; a bad value is a ConfigError
+whose message is one line naming the variable and what it accepts.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+TRUE = ("1", "true", "on", "yes")
+FALSE = ("0", "false", "off", "no")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+BARRIERS = ("applied", "projected")
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+class ConfigError(ValueError):
+    """A variable with a value it does not accept; the message is one line that says so."""
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def _parsed(name: str, default: T, parse: Callable[[str], T], accepts: str) -> T:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        return parse(value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name}={value!r} is not valid: expected {accepts}") from None
+
+
+def env_str(name: str, default: str) -> str:
+    return _raw(name) or default
+
+
+def env_opt(name: str) -> str | None:
+    return _raw(name)
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    def parse(v: str) -> int:
+        n = int(v)
+        if n < minimum:
+            raise ValueError(v)
+        return n
+    return _parsed(name, default, parse, f"an integer >= {minimum}")
+
+
+def env_float(name: str, default: float, minimum: float = 0.0) -> float:
+    def parse(v: str) -> float:
+        x = float(v)
+        if not x >= minimum or x == float("inf"):
+            raise ValueError(v)
+        return x
+    return _parsed(name, default, parse, f"a number >= {minimum:g} (seconds)")
+
+
+def env_bool(name: str, default: bool) -> bool:
+    def parse(v: str) -> bool:
+        if v.lower() in TRUE:
+            return True
+        if v.lower() in FALSE:
+            return False
+        raise ValueError(v)
+    return _parsed(name, default, parse, "one of " + "/".join(TRUE + FALSE))
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...], upper: bool = False) -> str:
+    def parse(v: str) -> str:
+        v = v.upper() if upper else v.lower()
+        if v not in choices:
+            raise ValueError(v)
+        return v
+    return _parsed(name, default, parse, "one of " + ", ".join(choices))
+
+
+def env_list(name: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in (_raw(name) or "").split(",") if t.strip())
 
 
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable. Each field names the environment variable that sets it."""
 
-    home: Path = field(default_factory=lambda: Path(_env("MNEMOFLOW_HOME", str(REPO_ROOT / ".mnemoflow"))))
-    bootstrap: str | None = field(default_factory=lambda: os.environ.get("KAFKA_BOOTSTRAP") or None)
-    topic_prefix: str = field(default_factory=lambda: _env("MNEMOFLOW_TOPIC_PREFIX", "mnemoflow."))
-    partitions: int = field(default_factory=lambda: int(_env("MNEMOFLOW_PARTITIONS", "4")))
-    app_id: str = field(default_factory=lambda: _env("MNEMOFLOW_APP_ID", "mnemoflow"))
-    store: str = field(default_factory=lambda: _env("MNEMOFLOW_STORE", "rocksdb://"))
-    security_protocol: str = field(default_factory=lambda: _env("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"))
-    sasl_mechanism: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SASL_MECHANISM"))
-    sasl_username: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SASL_USERNAME"))
-    sasl_password: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SASL_PASSWORD"))
-    ssl_cafile: str | None = field(default_factory=lambda: os.environ.get("KAFKA_SSL_CAFILE"))
-    max_payload_bytes: int = field(default_factory=lambda: int(_env("MNEMOFLOW_MAX_PAYLOAD_BYTES", "262144")))
-    weights_file: str | None = field(default_factory=lambda: os.environ.get("MNEMOFLOW_WEIGHTS"))
+    home: Path = field(default_factory=lambda: Path(env_str("MNEMOFLOW_HOME",
+                                                            str(REPO_ROOT / ".mnemoflow"))))
+    bootstrap: str | None = field(default_factory=lambda: env_opt("KAFKA_BOOTSTRAP"))
+    topic_prefix: str = field(default_factory=lambda: env_str("MNEMOFLOW_TOPIC_PREFIX", "mnemoflow."))
+    partitions: int = field(default_factory=lambda: env_int("MNEMOFLOW_PARTITIONS", 4))
+    app_id: str = field(default_factory=lambda: env_str("MNEMOFLOW_APP_ID", "mnemoflow"))
+    store: str = field(default_factory=lambda: env_choice(
+        "MNEMOFLOW_STORE", "rocksdb://", ("rocksdb://", "memory://")))
+    security_protocol: str = field(default_factory=lambda: env_choice(
+        "KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", SECURITY_PROTOCOLS, upper=True))
+    sasl_mechanism: str | None = field(default_factory=lambda: env_opt("KAFKA_SASL_MECHANISM"))
+    sasl_username: str | None = field(default_factory=lambda: env_opt("KAFKA_SASL_USERNAME"))
+    sasl_password: str | None = field(default_factory=lambda: env_opt("KAFKA_SASL_PASSWORD"))
+    ssl_cafile: str | None = field(default_factory=lambda: env_opt("KAFKA_SSL_CAFILE"))
+    max_payload_bytes: int = field(
+        default_factory=lambda: env_int("MNEMOFLOW_MAX_PAYLOAD_BYTES", 262144, minimum=1024))
+    weights_file: str | None = field(default_factory=lambda: env_opt("MNEMOFLOW_WEIGHTS"))
     session_timeout_s: float = field(
-        default_factory=lambda: float(_env("MNEMOFLOW_SESSION_TIMEOUT_S", "10")))
+        default_factory=lambda: env_float("MNEMOFLOW_SESSION_TIMEOUT_S", 10.0, minimum=1.0))
     consolidate_interval_s: float = field(
-        default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_INTERVAL_S", "5")))
+        default_factory=lambda: env_float("MNEMOFLOW_CONSOLIDATE_INTERVAL_S", 5.0, minimum=0.1))
     consolidate_idle_s: float = field(
-        default_factory=lambda: float(_env("MNEMOFLOW_CONSOLIDATE_IDLE_S", "3")))
-    graph: bool = field(default_factory=lambda: _env("MNEMOFLOW_GRAPH", "1") not in ("0", "off"))
-    vector: bool = field(default_factory=lambda: _env("MNEMOFLOW_VECTOR", "1") not in ("0", "off"))
+        default_factory=lambda: env_float("MNEMOFLOW_CONSOLIDATE_IDLE_S", 3.0))
+    graph: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_GRAPH", True))
+    vector: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_VECTOR", True))
     # what recall waits for before it searches: "applied" (the lexical store; never waits
     # behind embedding) or "projected" (also every vector row of the request's scope owners:
     # a replay then gives the same packets whatever the embedding speed; the evaluation
     # harness uses it)
     recall_barrier: str = field(
-        default_factory=lambda: _env("MNEMOFLOW_RECALL_BARRIER", "applied"))
+        default_factory=lambda: env_choice("MNEMOFLOW_RECALL_BARRIER", "applied", BARRIERS))
     barrier_timeout_s: float = field(
-        default_factory=lambda: float(_env("MNEMOFLOW_BARRIER_TIMEOUT_S", "2")))
+        default_factory=lambda: env_float("MNEMOFLOW_BARRIER_TIMEOUT_S", 2.0))
     # past this the vector tier (query embedding + LanceDB) is given up and recall answers
     # lexically (G-05); the query embedding itself gets one second less
     vector_timeout_s: float = field(
-        default_factory=lambda: float(_env("MNEMOFLOW_VECTOR_TIMEOUT_S", "3")))
+        default_factory=lambda: env_float("MNEMOFLOW_VECTOR_TIMEOUT_S", 3.0, minimum=0.1))
+    # a SIGTERM stops the worker within this, even with a record in flight or no broker
+    shutdown_timeout_s: float = field(
+        default_factory=lambda: env_float("MNEMOFLOW_SHUTDOWN_TIMEOUT_S", 10.0, minimum=1.0))
+    # an agent that crashes more often than this is not restarted: the worker exits
+    agent_max_restarts: int = field(
+        default_factory=lambda: env_int("MNEMOFLOW_AGENT_MAX_RESTARTS", 3, minimum=0))
+    # how long a worker or a command tries to reach the broker before it says it cannot
+    connect_timeout_s: float = field(
+        default_factory=lambda: env_float("MNEMOFLOW_CONNECT_TIMEOUT_S", 30.0, minimum=0.5))
     # fault injection for resilience drills: these recall tiers raise instead of answering
-    fault_tiers: tuple[str, ...] = field(default_factory=lambda: tuple(
-        t for t in os.environ.get("MNEMOFLOW_FAULT_TIERS", "").split(",") if t))
+    fault_tiers: tuple[str, ...] = field(default_factory=lambda: env_list("MNEMOFLOW_FAULT_TIERS"))
+    # ... and these agents (observer, gate, evidence, recall) crash on every record
+    fault_agents: tuple[str, ...] = field(
+        default_factory=lambda: env_list("MNEMOFLOW_FAULT_AGENTS"))
 
     def __post_init__(self) -> None:
-        if self.recall_barrier not in ("applied", "projected"):
-            raise ValueError(f"MNEMOFLOW_RECALL_BARRIER must be applied or projected, "
-                             f"not {self.recall_barrier!r}")
+        if self.recall_barrier not in BARRIERS:
+            raise ConfigError(f"MNEMOFLOW_RECALL_BARRIER={self.recall_barrier!r} is not valid: "
+                              f"expected applied or projected")
+        if self.partitions < 1:
+            raise ConfigError(f"MNEMOFLOW_PARTITIONS={self.partitions!r} is not valid: "
+                              f"expected an integer >= 1")
 
     @property
     def kafka_dir(self) -> Path:
@@ -82,6 +176,4 @@ class Settings:
         return kw
 
     def with_overrides(self, **kw: object) -> Settings:
-        from dataclasses import replace
-
         return replace(self, **kw)  # type: ignore[arg-type]

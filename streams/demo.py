@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,10 +19,11 @@ from rich.table import Table
 
 from mnemoflow.agents.temporal import parse_event_time
 from mnemoflow.streams import topics as T
-from mnemoflow.streams.admin import create_topics, group_stable
+from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.config import REPO_ROOT, Settings
 from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.kafka_local import LocalKafka
+from mnemoflow.streams.process import WorkerProcess
 from mnemoflow.streams.reader import TopicReader
 
 DATA = Path(os.environ.get("MNEMOFLOW_SHARED", REPO_ROOT.parent / "shared")) / "data"
@@ -39,18 +38,7 @@ def _turn_text(turn: dict) -> str:
     return text
 
 
-async def _wait_worker(proc: subprocess.Popen, settings: Settings, bootstrap: str) -> None:
-    for _ in range(240):
-        if proc.poll() is not None:
-            raise SystemExit(f"worker exited with {proc.returncode}")
-        if await group_stable(settings, bootstrap, settings.app_id):
-            await asyncio.sleep(1.0)
-            return
-        await asyncio.sleep(0.5)
-    raise SystemExit("worker did not join its group in time")
-
-
-async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> None:
+async def run(settings: Settings, bootstrap: str, worker: WorkerProcess) -> None:
     conv = json.loads((DATA / "locomo" / "dev.json").read_text())[0]
     c = conv["conversation"]
     user = conv["sample_id"]
@@ -59,7 +47,10 @@ async def run(settings: Settings, bootstrap: str, proc: subprocess.Popen) -> Non
           and all(e.split(":")[0] in {f"D{n}" for n in sessions} for e in q["evidence"])][:QUESTIONS]
     manifest = CapabilityManifest(provider="demo", model="any", reasoning="none",
                                   supportsPreStep=True)
-    await _wait_worker(proc, settings, bootstrap)
+    try:
+        await worker.wait_ready(120)
+    except (RuntimeError, TimeoutError) as exc:
+        raise SystemExit(f"worker not ready: {exc}") from None
     con.rule(f"[bold]LoCoMo {user}: sessions {sessions} as memory, then {len(qs)} questions")
     sent = 0
     async with HostClient(settings, bootstrap) as host:
@@ -163,18 +154,13 @@ def main() -> None:
     try:
         created = asyncio.run(create_topics(settings, bootstrap))
         con.print(f"topics: {len(created)} created under prefix {settings.topic_prefix}")
-        env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix,
-                   MNEMOFLOW_APP_ID=settings.app_id, MNEMOFLOW_HOME=str(settings.home))
-        log = open(settings.home / f"demo-worker-{tag}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-        con.print(f"worker started (pid {proc.pid}), log {log.name}")
-        try:
-            asyncio.run(run(settings, bootstrap, proc))
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            con.print("worker stopped")
+        worker = WorkerProcess(settings, bootstrap,
+                               log_path=settings.home / f"demo-worker-{tag}.log")
+        with worker:  # stopped on every way out, a failure or Ctrl-C included
+            assert worker.proc is not None
+            con.print(f"worker started (pid {worker.proc.pid}), log {worker.log_path}")
+            asyncio.run(run(settings, bootstrap, worker))
+        con.print(f"worker stopped (exit code {worker.proc.returncode})")
     finally:
         if started:
             LocalKafka(settings).down()

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
@@ -64,6 +64,13 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
         await super().on_start()
         # not a constructor argument of AIOKafkaConsumer: set on the fetcher it just built
         self._ensure_consumer()._fetcher._prefetch_backoff = PREFETCH_BACKOFF_S
+
+    def topic_partitions(self, topic: str) -> int | None:
+        """None ("not known yet") instead of 0 for a topic missing from the group's metadata
+        snapshot: faust compares a table's changelog partitions with its source topic's
+        and crashes the agent on 0 when the changelog was created after the snapshot. The
+        worker's preflight has already checked both counts."""
+        return super().topic_partitions(topic) or None
 
     async def seek_to_committed(self) -> Mapping[Any, int]:
         return await self.call_thread(self._seek_to_committed_or_beginning)
@@ -194,7 +201,17 @@ class _Transport(driver.Transport):
 
 
 class WorkerApp(faust.App):
-    """faust.App with the seek fix above; everything else is configured by the caller."""
+    """faust.App with the seek fix above; everything else is configured by the caller.
+
+    `agent_crashed`, when set, hears of every agent crash before faust restarts the agent
+    (the worker counts them and stops past a limit)."""
+
+    agent_crashed: Callable[[Any, BaseException], Awaitable[None]] | None = None
+
+    async def _on_agent_error(self, agent: Any, exc: BaseException) -> None:
+        if self.agent_crashed is not None:
+            await self.agent_crashed(agent, exc)
+        await super()._on_agent_error(agent, exc)
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from mnemoflow.streams.config import REPO_ROOT, Settings
 
@@ -26,6 +29,7 @@ DEPLOY_DIR = REPO_ROOT / "deploy" / "kafka"
 LIB_DIR = DEPLOY_DIR / "lib"
 MVN_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
 HEAP = "-Xmx512m"
+T = TypeVar("T")
 
 
 class KafkaSetupError(RuntimeError):
@@ -44,6 +48,28 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the JVM binds its listeners: a port whose old connections are in TIME_WAIT is free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code, also when the caller is itself inside
+    an event loop (a bench or a test that starts the broker): then on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def new_cluster_id() -> str:
@@ -121,7 +147,7 @@ class LocalKafka:
         return None
 
     def _write_config(self, port: int, cport: int) -> Path:
-        data = self.dir / "data"
+        data = self.data_dir
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -162,23 +188,41 @@ class LocalKafka:
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
                 "-cp", f"{LIB_DIR}/*", main, *args]
 
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    def _formatted(self) -> bool:
+        return (self.data_dir / "meta.properties").exists()
+
+    def _ports(self) -> tuple[int, int]:
+        """The previous run's ports when they are free: a restarted broker keeps its address,
+        so clients configured with it (and its own metadata) stay valid."""
+        old = self._read_state()
+        if old is not None:
+            port = int(old.bootstrap.rpartition(":")[2])
+            if _port_free(port) and _port_free(old.controller_port):
+                return port, old.controller_port
+        return _free_port(), _free_port()
+
     def up(self, timeout: float = 90.0) -> BrokerState:
+        """Start the broker, or report the running one. Never deletes anything: a broker that
+        was stopped comes back with every topic, record and committed offset it had."""
         existing = self.status()
         if existing:
             print(f"kafka already running (pid {existing.pid}) at {existing.bootstrap}")
             return existing
         check_prerequisites(need_maven=False)
         ensure_jars()
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
-        port, cport = _free_port(), _free_port()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        port, cport = self._ports()
         config = self._write_config(port, cport)
-        cluster_id = new_cluster_id()
-        subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )
+        if not self._formatted():
+            subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
+                           "-c", str(config)),
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )
         log = open(self.log_file, "ab")
         proc = subprocess.Popen(
             self._java("kafka.Kafka", str(config)),
@@ -192,12 +236,24 @@ class LocalKafka:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise KafkaSetupError(f"kafka exited with {proc.returncode}; see {self.log_file}")
-            if asyncio.run(cluster_ready(state.bootstrap, {})):
+            if _run_sync(cluster_ready(state.bootstrap, {})):
                 print(f"kafka ready at {state.bootstrap}", flush=True)
                 return state
             time.sleep(0.5)
         self.down()
         raise KafkaSetupError(f"kafka did not become ready in {timeout:.0f}s; see {self.log_file}")
+
+    def reset(self) -> list[Path]:
+        """Stop the broker and delete its data (every topic, record and offset). The only
+        call here that deletes anything; `mnemoflow kafka reset --yes` asks for it."""
+        self.down()
+        gone = [p for p in (self.data_dir, self.state_file) if p.exists()]
+        for p in gone:
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        return gone
 
     def down(self, timeout: float = 30.0) -> bool:
         st = self._read_state()

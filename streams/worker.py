@@ -15,12 +15,18 @@ topic with a reason and the stream goes on. concurrency=1 everywhere (see README
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import faust
+from aiokafka.errors import MessageSizeTooLargeError
+from faust.exceptions import ProducerSendError
 
 from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
 from mnemoflow.agents.candidate import scope_chain
@@ -46,6 +52,18 @@ from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
 from mnemoflow.streams.faust_app import WorkerApp
+from mnemoflow.streams.lifecycle import (
+    EXIT_FATAL,
+    EXIT_PREFLIGHT,
+    CrashLimit,
+    Health,
+    Watchdog,
+    drop_local_state,
+    health_dir,
+    limit_repeats,
+    stale_partitions,
+)
+from mnemoflow.streams.preflight import InternalTopic, PreflightError, worker_preflight
 from mnemoflow.streams.projector import MemoryLogProjector
 
 log = logging.getLogger(__name__)
@@ -55,6 +73,27 @@ RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_s
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class OutputTooLarge(Exception):
+    """An output of this record is over the broker's message size: the record's fault."""
+
+
+class StageError(Exception):
+    """A pure stage raised on this record (its cause): the record's fault, not the worker's."""
+
+
+class stage_errors:  # noqa: N801 - used as a `with` block
+    """Marks a block of pure-stage code: any exception in it becomes a StageError."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        if exc is not None and isinstance(exc, Exception) and not isinstance(exc, StageError):
+            raise StageError(str(exc)) from exc
+        return False
 
 
 @dataclass
@@ -73,6 +112,8 @@ class Pipeline:
     tiers: list[TierSpec] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     last_input: float = 0.0  # monotonic time of the last input event: idle detection only
+    crashes: CrashLimit = field(default_factory=lambda: CrashLimit(3))
+    on_fatal: Any = None  # set by the runner: called once when an agent is past its limit
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -110,7 +151,12 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         producer_max_batch_size=PRODUCER_BATCH_BYTES,
         # a crashed worker's partitions move on within seconds instead of a minute
         broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4), **kw)
+        broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4),
+        # a revoke or a stop does not wait for in-flight records to be acked: with a broker
+        # away, or a peer killed mid-rebalance, that wait never ended. Unacked records are
+        # not committed, and their next owner processes them again (every stage is
+        # idempotent), so nothing is lost by not waiting.
+        stream_wait_empty=False, **kw)
     tiers = [TierSpec(LexicalTier(store), timeout_s=2.0)]
     sinks: list[Any] = [MarkdownSink(settings.home / "markdown" / settings.app_id, store)]
     embedder = None
@@ -137,7 +183,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
                                    settings.client_kwargs(), group=f"{settings.app_id}-projector",
                                    sinks=sinks)
     pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector, embedder,
-                    graph_sink)
+                    graph_sink, crashes=CrashLimit(settings.agent_max_restarts))
     pipe.tiers = [replace(t, tier=FaultyTier(t.tier)) if t.tier.name in settings.fault_tiers
                   else t for t in tiers]
     _wire(pipe)
@@ -175,54 +221,99 @@ def _wire(pipe: Pipeline) -> None:
 
     async def send(topic: str, schema: str, key: str, value: dict[str, Any],
                    headers: list[tuple[str, bytes]] | None = None) -> None:
-        await t[topic].send(key=key.encode(), value=reg.encode(schema, value), headers=headers)
+        try:
+            await t[topic].send(key=key.encode(), value=reg.encode(schema, value), headers=headers)
+        except (MessageSizeTooLargeError, ProducerSendError) as exc:
+            cause = exc if isinstance(exc, MessageSizeTooLargeError) else exc.__cause__
+            if not isinstance(cause, MessageSizeTooLargeError):
+                raise
+            raise OutputTooLarge(f"a {topic} record for this input is over the broker's "
+                                 f"message size limit") from exc
+
+    async def agent_crashed(agent: Any, exc: BaseException) -> None:
+        """faust restarts a crashed agent; past the limit the worker stops instead."""
+        name = agent.name.rsplit(".", 1)[-1]
+        log.error("agent %s crashed: %r", name, exc)
+        if pipe.crashes.crashed(name, exc) and pipe.on_fatal is not None:
+            pipe.on_fatal(pipe.crashes.fatal)
+
+    app.agent_crashed = agent_crashed
+
+    async def guarded(ev: faust.types.EventT, stage: str, body: Any) -> None:
+        """Run one record through a stage. An error of the record's own making (the pure
+        stage raised, or an output is too large to write) dead-letters that record and the
+        stream goes on; anything else (the broker, a table) crashes the agent, which is
+        restarted and gets the record again."""
+        if stage in s.fault_agents:  # a drill: an infrastructure fault, not the record's
+            body.close()
+            raise RuntimeError(f"injected fault in agent {stage} (MNEMOFLOW_FAULT_AGENTS)")
+        try:
+            await body
+        except OutputTooLarge as exc:
+            await to_dlq(ev, "oversized", str(exc), stage)
+        except StageError as exc:
+            log.warning("%s failed on %s[%s]@%s: %s", stage, ev.message.topic,
+                        ev.message.partition, ev.message.offset, exc.__cause__)
+            await to_dlq(ev, "processing-error", repr(exc.__cause__), stage)
+
+    async def observe_one(ev: faust.types.EventT, rec: dict[str, Any]) -> None:
+        sid = rec["sessionId"]
+        source = base_of[ev.message.topic].base
+        ingest = int((ev.message.timestamp or 0) * 1000)
+        with stage_errors():
+            state = ObserverState.from_json(observer_state.get(sid), tun.gate.window_cap,
+                                            tun.gate.window_ms)
+            state, obs = observe(state, source, rec, s.max_payload_bytes, ingest)
+        if obs.dead_letter:
+            await to_dlq(ev, *obs.dead_letter, "observer")
+            return
+        for mem in obs.memory_events:
+            await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
+        if obs.segment is not None:
+            pipe.bump("segments")
+            await send("segments", "io.mnemoflow.Segment", sid, obs.segment)
+        observer_state[sid] = state.to_json()
 
     @app.agent(inputs, concurrency=1)
     async def observer(stream: faust.StreamT) -> None:
         async for ev, rec in records(stream, "observer"):
             pipe.last_input = time.monotonic()
-            sid = rec["sessionId"]
-            source = base_of[ev.message.topic].base
-            state = ObserverState.from_json(observer_state.get(sid), tun.gate.window_cap,
-                                            tun.gate.window_ms)
-            ingest = int((ev.message.timestamp or 0) * 1000)
-            state, obs = observe(state, source, rec, s.max_payload_bytes, ingest)
-            if obs.dead_letter:
-                await to_dlq(ev, *obs.dead_letter, "observer")
-                continue
-            observer_state[sid] = state.to_json()
-            for mem in obs.memory_events:
-                await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
-            if obs.segment is not None:
-                pipe.bump("segments")
-                await send("segments", "io.mnemoflow.Segment", sid, obs.segment)
+            await guarded(ev, "observer", observe_one(ev, rec))
+
+    async def gate_one(seg: dict[str, Any]) -> None:
+        sid = seg["envelope"]["sessionId"]
+        with stage_errors():
+            state = GateState.from_json(gate_state.get(sid), tun.gate)
+            state, out = decide(state, seg, tun.gate)
+        if out.decision is None:
+            return
+        audit = {**out.audit, "emitTime": _now_ms()}
+        await send("audit", "io.mnemoflow.AuditRecord", sid, audit)
+        if out.request is not None:
+            await send("recall-requests", "io.mnemoflow.RecallRequest", sid, out.request)
+        gate_state[sid] = state.to_json()
 
     @app.agent(t["segments"], concurrency=1)
     async def gate(stream: faust.StreamT) -> None:
-        async for _ev, seg in records(stream, "gate"):
-            sid = seg["envelope"]["sessionId"]
-            state = GateState.from_json(gate_state.get(sid), tun.gate)
-            state, out = decide(state, seg, tun.gate)
-            if out.decision is None:
-                continue
-            gate_state[sid] = state.to_json()
-            audit = {**out.audit, "emitTime": _now_ms()}
-            await send("audit", "io.mnemoflow.AuditRecord", sid, audit)
-            if out.request is not None:
-                await send("recall-requests", "io.mnemoflow.RecallRequest", sid, out.request)
+        async for ev, seg in records(stream, "gate"):
+            await guarded(ev, "gate", gate_one(seg))
+
+    async def evidence_one(seg: dict[str, Any]) -> None:
+        sid = seg["envelope"]["sessionId"]
+        old = evidence_state.get(sid)
+        with stage_errors():
+            state, events = update_evidence(EvidenceState.from_json(old), seg)
+            new = state.to_json()
+        for mem in events:
+            await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
+        if new != old:  # most segments (plain text) leave the state as it was
+            evidence_state[sid] = new
 
     @app.agent(t["segments"], concurrency=1)
     async def evidence(stream: faust.StreamT) -> None:
         """G-01: tool outcomes after a delivery reinforce or weaken the delivered memories."""
-        async for _ev, seg in records(stream, "evidence"):
-            sid = seg["envelope"]["sessionId"]
-            old = evidence_state.get(sid)
-            state, events = update_evidence(EvidenceState.from_json(old), seg)
-            new = state.to_json()
-            if new != old:  # most segments (plain text) leave the state as it was
-                evidence_state[sid] = new
-            for mem in events:
-                await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
+        async for ev, seg in records(stream, "evidence"):
+            await guarded(ev, "evidence", evidence_one(seg))
 
     @app.timer(interval=s.consolidate_interval_s, on_leader=True)
     async def consolidate_when_idle() -> None:
@@ -241,39 +332,38 @@ def _wire(pipe: Pipeline) -> None:
             pipe.bump("consolidation-events")
             await send("memory-log", "io.mnemoflow.MemoryEvent", mem["owner"], mem)
 
+    async def recall_one(req: dict[str, Any]) -> None:
+        sid = req["sessionId"]
+        state = BrokerState.from_json(broker_state.get(sid))
+        again = state.replayed(req["requestId"])
+        if again is not None:  # redelivered: re-emit exactly what the first pass emitted
+            out = BrokerOutput(again[0], again[1], replayed=True)
+        else:
+            version = pipe.store.version
+            caught_up = await pipe.projector.barrier(
+                s.barrier_timeout_s, projected=s.recall_barrier == "projected",
+                owners=scope_chain(req))
+            with stage_errors():  # one bad request must not stop the session's stream
+                result = await recall(req, pipe.tiers, tun.rank.recall_k)
+                if not caught_up:
+                    result.tiers["projection"] = "lagging"
+                ranked = rank(result.candidates, req, state.recent_digests(req["eventTime"]),
+                              version, tun.rank)
+                verdict = check(ranked.kept, req)
+                state, out = build(state, req, result, ranked, verdict, version,
+                                   pipe.store.version, tun.rank)
+        if out.inbox_op is not None:
+            pipe.bump("packets")
+            await send("inbox", "io.mnemoflow.InboxOp", sid, out.inbox_op,
+                       op_headers(out.inbox_op))
+        await send("audit", "io.mnemoflow.AuditRecord", sid,
+                   {**out.audit, "emitTime": out.audit.get("emitTime") or _now_ms()})
+        broker_state[sid] = state.to_json()
+
     @app.agent(t["recall-requests"], concurrency=1)
     async def recall_agent(stream: faust.StreamT) -> None:
-        async for _ev, req in records(stream, "recall"):
-            sid = req["sessionId"]
-            state = BrokerState.from_json(broker_state.get(sid))
-            again = state.replayed(req["requestId"])
-            if again is not None:  # redelivered: re-emit exactly what the first pass emitted
-                out = BrokerOutput(again[0], again[1], replayed=True)
-            else:
-                try:
-                    version = pipe.store.version
-                    caught_up = await pipe.projector.barrier(
-                        s.barrier_timeout_s, projected=s.recall_barrier == "projected",
-                        owners=scope_chain(req))
-                    result = await recall(req, pipe.tiers, tun.rank.recall_k)
-                    if not caught_up:
-                        result.tiers["projection"] = "lagging"
-                    ranked = rank(result.candidates, req, state.recent_digests(req["eventTime"]),
-                                  version, tun.rank)
-                    verdict = check(ranked.kept, req)
-                    state, out = build(state, req, result, ranked, verdict, version,
-                                       pipe.store.version, tun.rank)
-                except Exception as exc:  # one bad request must not stop the session's stream
-                    log.exception("recall failed for %s", req["requestId"])
-                    await to_dlq(_ev, "processing-error", f"{type(exc).__name__}: {exc}", "recall")
-                    continue
-            broker_state[sid] = state.to_json()
-            if out.inbox_op is not None:
-                pipe.bump("packets")
-                await send("inbox", "io.mnemoflow.InboxOp", sid, out.inbox_op,
-                           op_headers(out.inbox_op))
-            await send("audit", "io.mnemoflow.AuditRecord", sid,
-                       {**out.audit, "emitTime": out.audit.get("emitTime") or _now_ms()})
+        async for ev, req in records(stream, "recall"):
+            await guarded(ev, "recall", recall_one(req))
 
     @app.task
     async def project_memory_log() -> None:
@@ -282,14 +372,124 @@ def _wire(pipe: Pipeline) -> None:
         await pipe.projector.run()
 
 
-def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> None:
-    """Blocking: run the faust worker until a signal stops it."""
-    from faust.worker import Worker
+def internal_topics(app: faust.App) -> list[InternalTopic]:
+    """The changelog topics of the app's tables, as faust would create them."""
+    return [InternalTopic(table.changelog_topic.get_topic_name(), table.partitions or 1,
+                          {"cleanup.policy": "compact"})
+            for table in app.tables.values()]
 
+
+def _local_stores(app: faust.App) -> tuple[Path, dict[tuple[str, int], Path]]:
+    """The RocksDB store path of each changelog partition; empty for an in-memory store."""
+    stores: dict[tuple[str, int], Path] = {}
+    for table in app.tables.values():
+        store = table.data
+        if hasattr(store, "partition_path"):
+            topic = table.changelog_topic.get_topic_name()
+            for p in range(table.partitions or 1):
+                stores[(topic, p)] = store.partition_path(p)
+    return Path(app.conf.tabledir), stores
+
+
+async def _watch_readiness(pipe: Pipeline, health: Health) -> None:
+    """Health is `ready` once the worker holds partitions, nothing is rebalancing and the
+    tables are restored; the first time, one line says so at any log level."""
+    app, announced = pipe.app, False
+    while True:
+        assigned = len(app.assignor.assigned_actives()) if app.assignor else 0
+        recovered = app.tables.recovery.completed.is_set()
+        if app.rebalancing or not recovered:
+            health.set("starting" if not announced else "rebalancing", partitions=assigned)
+        else:
+            health.set("ready", partitions=assigned, counters=dict(pipe.counters),
+                       crashes=dict(pipe.crashes.crashes))
+            if not announced:
+                announced = True
+                print(f"mnemoflow worker ready: app {pipe.settings.app_id}, {assigned} "
+                      f"topic partitions, topics {pipe.settings.topic_prefix}*", flush=True)
+        await asyncio.sleep(1.0)
+
+
+class _Worker(faust.Worker):
+    """faust's worker with a bound on every stop and the repeat filter on its log."""
+
+    watchdog: Watchdog
+    health: Health
+
+    def _setup_logging(self) -> None:
+        super()._setup_logging()
+        limit_repeats()
+
+    def _on_sigterm(self) -> None:
+        self.stop_within("SIGTERM", 0)
+
+    def _on_sigint(self) -> None:
+        self.stop_within("SIGINT", 0)
+
+    def stop_within(self, why: str, code: int) -> None:
+        self.health.set("stopping", why)
+        self.watchdog.arm(code, why)
+        self._schedule_shutdown(signal.SIGTERM)
+
+
+def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> int:
+    """Blocking: run the faust worker until a signal or a fatal crash stops it; the exit code.
+
+    Before faust starts: the broker must answer, the catalogue's topics must exist, the
+    tables' changelog topics are created and visible, and local table state that is ahead
+    of its changelog (a reset broker) is dropped so that faust restores it instead of
+    refusing to start."""
     pipe = build_pipeline(settings, bootstrap)
-    worker = Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    internal = internal_topics(pipe.app)
+    try:
+        view = asyncio.run(worker_preflight(settings, bootstrap, internal,
+                                            settings.connect_timeout_s))
+    except PreflightError as exc:
+        print(f"error: {exc}", flush=True)
+        return EXIT_PREFLIGHT
+    logging.getLogger("aiokafka").setLevel(logging.NOTSET)  # the worker's log level rules now
+    tabledir, stores = _local_stores(pipe.app)
+    stale = stale_partitions(stores, view.end_offsets, _offset_key())
+    if stale:
+        drop_local_state(tabledir, "; ".join(stale[:4]) + (" ..." if len(stale) > 4 else ""))
+
+    health = Health(health_dir(settings.home) / f"{settings.app_id}.{os.getpid()}.json",
+                    settings.app_id)
+    worker = _Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.watchdog = Watchdog(settings.shutdown_timeout_s)
+    worker.health = health
     # no terminal spinner: to animate it faust sets the root logger to DEBUG, and then every
     # debug call of faust and aiokafka builds a LogRecord that the handler throws away
     # (py-spy: ~4 % of the worker's samples under load)
     worker.spinner = None
-    worker.execute_from_commandline()
+
+    def on_fatal(reason: str) -> None:
+        print(f"error: {reason}; stopping the worker", flush=True)
+        health.set("failed", reason)
+        worker.stop_within("a fatal crash", EXIT_FATAL)
+
+    pipe.on_fatal = on_fatal
+
+    @pipe.app.task
+    async def readiness() -> None:
+        await _watch_readiness(pipe, health)
+
+    health.set("starting")
+    try:
+        worker.execute_from_commandline()
+    except SystemExit:
+        pass
+    except Exception as exc:  # faust re-raises a crash of the app after its shutdown
+        print(f"error: worker crashed: {type(exc).__name__}: {exc}", flush=True)
+        return EXIT_FATAL
+    finally:
+        worker.watchdog.disarm()
+        if pipe.crashes.fatal is None:
+            health.remove()
+    return EXIT_FATAL if pipe.crashes.fatal else 0
+
+
+def _offset_key() -> bytes:
+    from faust.stores.rocksdb import Store
+
+    return Store.offset_key

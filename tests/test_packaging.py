@@ -11,8 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_ships_the_schemas_and_no_bare_top_level_packages(tmp_path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path), str(ROOT)], check=True)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path), str(ROOT)], check=True,
+                           capture_output=True, text=True)
+    # setuptools warns (about 35 lines each) for data folders missing from `packages`
+    assert "absent from the `packages` configuration" not in build.stdout + build.stderr
     (wheel,) = tmp_path.glob("mnemoflow-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("mnemoflow-")}

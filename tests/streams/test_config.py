@@ -26,5 +26,81 @@ def test_the_replay_worker_waits_for_every_projection(monkeypatch) -> None:
 
 def test_an_unknown_barrier_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("MNEMOFLOW_RECALL_BARRIER", "lexical")
-    with pytest.raises(ValueError, match="applied or projected"):
+    with pytest.raises(ValueError, match="applied, projected"):
         Settings()
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("MNEMOFLOW_PARTITIONS", "abc", "an integer >= 1"),
+    ("MNEMOFLOW_PARTITIONS", "0", "an integer >= 1"),
+    ("MNEMOFLOW_VECTOR", "false-ish", "1/true/on/yes/0/false/off/no"),
+    ("MNEMOFLOW_SESSION_TIMEOUT_S", "soon", "a number >= 1"),
+    ("KAFKA_SECURITY_PROTOCOL", "TLS", "PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+    ("MNEMOFLOW_STORE", "redis://", "rocksdb://, memory://"),
+])
+def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, name, value, words) -> None:
+    from mnemoflow.streams.config import ConfigError
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        Settings()
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{name}={value!r}") and words in msg
+
+
+def test_false_turns_the_vector_tier_off(monkeypatch) -> None:
+    """MNEMOFLOW_VECTOR=false used to leave the tier on: only "0" and "off" were read."""
+    monkeypatch.setenv("MNEMOFLOW_VECTOR", "false")
+    monkeypatch.setenv("MNEMOFLOW_GRAPH", "no")
+    s = Settings()
+    assert (s.vector, s.graph) == (False, False)
+
+
+def test_the_cli_reports_a_bad_variable_in_one_line(monkeypatch, capsys) -> None:
+    from mnemoflow.streams.cli import main
+
+    monkeypatch.setenv("MNEMOFLOW_PARTITIONS", "abc")
+    with pytest.raises(SystemExit) as done:
+        main(["kafka", "status"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: MNEMOFLOW_PARTITIONS='abc' is not valid: expected an integer >= 1"]
+
+
+def test_the_cli_has_a_version(capsys) -> None:
+    from mnemoflow.streams.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("mnemoflow 0.")
+
+
+def test_an_unreachable_broker_is_one_line_with_the_address(monkeypatch, capsys) -> None:
+    import socket
+
+    from mnemoflow.streams.cli import main
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", f"127.0.0.1:{port}")
+    with pytest.raises(SystemExit) as done:
+        main(["topics", "create"])
+    assert done.value.code == 2
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).strip().splitlines()
+    assert len(lines) == 1 and f"cannot reach Kafka at 127.0.0.1:{port}" in lines[0]
+    assert "mnemoflow kafka up" in lines[0]
+
+
+def test_reset_needs_yes(monkeypatch, tmp_path, capsys) -> None:
+    from mnemoflow.streams.cli import main
+
+    monkeypatch.setenv("MNEMOFLOW_HOME", str(tmp_path))
+    (tmp_path / "kafka" / "data").mkdir(parents=True)
+    with pytest.raises(SystemExit) as done:
+        main(["kafka", "reset"])
+    assert done.value.code == 2
+    assert "add --yes" in capsys.readouterr().err
+    assert (tmp_path / "kafka" / "data").is_dir()

@@ -1,0 +1,163 @@
+"""What must hold before a worker or a host touches a stream: the broker answers, the
+catalogue's topics exist, and the worker's own changelog topics exist with the partition
+count of the topics they are co-partitioned with, visible in the cluster's metadata.
+
+faust creates a table's changelog topic itself while its agents already run, and a table
+write that happens before the consumer's metadata shows the new topic fails its partition
+check ("has 0 partitions") and crashes the agent. Creating them here, before faust starts,
+and waiting until they are described with their partitions, takes that race away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from mnemoflow.streams.admin import admin_client, existing_partitions
+from mnemoflow.streams.config import Settings
+from mnemoflow.streams.topics import CATALOGUE
+
+CREATE_HINT = "run `mnemoflow topics create`"
+
+
+class PreflightError(RuntimeError):
+    """Something a worker or host cannot run without; the message is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class InternalTopic:
+    """A topic the worker owns (a table's changelog): created here if it is missing."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str]
+
+
+def unreachable(bootstrap: str, exc: BaseException | None = None) -> PreflightError:
+    why = f" ({type(exc).__name__})" if exc is not None else ""
+    return PreflightError(f"cannot reach Kafka at {bootstrap}{why}: start it with "
+                          f"`mnemoflow kafka up` or set KAFKA_BOOTSTRAP to a reachable broker")
+
+
+async def connect(settings: Settings, bootstrap: str, timeout: float) -> AIOKafkaAdminClient:
+    """A started admin client, or PreflightError after `timeout` seconds of trying."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        admin = admin_client(settings, bootstrap)
+        try:
+            await asyncio.wait_for(admin.start(), max(0.5, deadline - time.monotonic()))
+            return admin
+        except Exception as exc:  # every client error here means "not reachable yet"
+            last = exc
+            await _close(admin)
+            await asyncio.sleep(0.5)
+    raise unreachable(bootstrap, last)
+
+
+async def _close(admin: AIOKafkaAdminClient) -> None:
+    try:
+        await admin.close()
+    except Exception:
+        pass
+
+
+async def require_topics(settings: Settings, bootstrap: str, names: Iterable[str],
+                         timeout: float = 15.0) -> None:
+    """PreflightError naming every missing topic (and `mnemoflow topics create`)."""
+    names = list(names)
+    admin = await connect(settings, bootstrap, timeout)
+    try:
+        have = await existing_partitions(admin, names)
+    finally:
+        await _close(admin)
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise PreflightError(f"{len(missing)} topic(s) missing on {bootstrap}: "
+                             f"{', '.join(missing)}; {CREATE_HINT}")
+
+
+async def check_catalogue(admin: AIOKafkaAdminClient, settings: Settings, bootstrap: str) -> None:
+    names = {s.name(settings): s.partitions or settings.partitions for s in CATALOGUE}
+    have = await existing_partitions(admin, list(names))
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise PreflightError(f"{len(missing)} topic(s) missing on {bootstrap}: "
+                             f"{', '.join(missing)}; {CREATE_HINT}")
+    wrong = [f"{n} has {have[n]}" for n, want in names.items() if have[n] != want]
+    if wrong:
+        raise PreflightError(f"partition counts differ from MNEMOFLOW_PARTITIONS="
+                             f"{settings.partitions}: {', '.join(wrong)}")
+
+
+async def ensure_internal(admin: AIOKafkaAdminClient, topics: list[InternalTopic],
+                          timeout: float) -> list[str]:
+    """Create the missing ones and wait until all are described with their partitions.
+    Returns the names created now (their tables have nothing to restore)."""
+    want = {t.name: t for t in topics}
+    have = await existing_partitions(admin, list(want))
+    wrong = [f"{n} has {have[n]}, not {t.partitions}" for n, t in want.items()
+             if n in have and have[n] != t.partitions]
+    if wrong:
+        raise PreflightError(f"changelog partition counts differ: {', '.join(wrong)}; "
+                             f"delete those topics (`mnemoflow replay` does) or restore "
+                             f"MNEMOFLOW_PARTITIONS")
+    created = [n for n in want if n not in have]
+    if created:
+        resp = await admin.create_topics(
+            [NewTopic(n, want[n].partitions, 1, topic_configs=want[n].configs) for n in created])
+        for name, code, *_ in getattr(resp, "topic_errors", []):
+            if code not in (0, 36):  # 36: created meanwhile by another worker
+                raise PreflightError(f"creating {name} failed with Kafka error code {code}")
+    deadline = time.monotonic() + timeout
+    while True:
+        have = await existing_partitions(admin, list(want))
+        if all(have.get(n) == t.partitions for n, t in want.items()):
+            return created
+        if time.monotonic() > deadline:
+            late = sorted(n for n, t in want.items() if have.get(n) != t.partitions)
+            raise PreflightError(f"topics not visible in metadata after {timeout:.0f}s: "
+                                 f"{', '.join(late)}")
+        await asyncio.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    cluster_id: str
+    created: list[str]  # internal topics created by this preflight
+    end_offsets: dict[tuple[str, int], int]  # of every internal topic's partitions
+
+
+async def worker_preflight(settings: Settings, bootstrap: str, internal: list[InternalTopic],
+                           timeout: float = 30.0) -> ClusterView:
+    """Everything a worker checks before faust starts; PreflightError on the first failure."""
+    admin = await connect(settings, bootstrap, timeout)
+    try:
+        await check_catalogue(admin, settings, bootstrap)
+        created = await ensure_internal(admin, internal, timeout)
+        cluster = await admin.describe_cluster()
+    finally:
+        await _close(admin)
+    return ClusterView(str(cluster.get("cluster_id") or ""), created,
+                       await end_offsets(settings, bootstrap, internal))
+
+
+async def end_offsets(settings: Settings, bootstrap: str,
+                      topics: list[InternalTopic]) -> dict[tuple[str, int], int]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    if not topics:
+        return {}
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                **settings.client_kwargs())
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
+        ends = await consumer.end_offsets(tps)
+        return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
