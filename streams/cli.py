@@ -141,28 +141,58 @@ def _eval(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
-    from mnemoflow.projections.rebuild import default_embedder, from_markdown, rebuild
-    from mnemoflow.streams import topics as T
+    """Rebuild the LanceDB index and MEMORY.md from the memory-log, as the worker's projector
+    would build them. `--from markdown` first appends to the memory-log what the MEMORY.md
+    files hold and the log does not (after the log was lost): the worker recalls from the
+    store it folds from the log, so memories only in an index would never come back."""
+    from mnemoflow.agents.tuning import load_tuning
+    from mnemoflow.projections.rebuild import MarkdownIncomplete, default_embedder, rebuild
+    from mnemoflow.streams.admin import TopicMismatch, create_topics
+    from mnemoflow.streams.kafka_local import resolve_bootstrap
+    from mnemoflow.streams.lifecycle import read_health
+    from mnemoflow.streams.restore import read_memory_log, restore_from_markdown
 
     index_path = settings.home / "lancedb" / settings.app_id
     md_root = settings.home / "markdown" / settings.app_id
-    emb = default_embedder()
-    if args.source == "markdown":
-        store, index = asyncio.run(from_markdown(md_root, index_path, emb))
-    else:
-        from mnemoflow.streams.kafka_local import resolve_bootstrap
-        from mnemoflow.streams.reader import TopicReader
+    live = [h["pid"] for h in read_health(settings.home, settings.app_id)]
+    if live:  # the worker owns the index while it runs, and would not see it replaced
+        print(f"error: a worker of app {settings.app_id} is running (pid "
+              f"{', '.join(map(str, live))}); stop it before `rebuild`", file=sys.stderr)
+        return 3
+    bootstrap = resolve_bootstrap(settings)
+    topic = settings.topic("memory-log")
 
-        async def read() -> list[dict]:
-            async with TopicReader(settings, resolve_bootstrap(settings),
-                                   [T.MEMORY_LOG.name(settings)]) as r:
-                recs = await r.drain()
-            return [x.value for x in sorted(recs, key=lambda x: (x.timestamp, x.partition,
-                                                                 x.offset)) if x.value]
+    async def run() -> tuple[int, int, int]:
+        if args.source == "markdown":
+            # a reset broker has no topics; the worker needs them all anyway (idempotent)
+            for name, what in (await create_topics(settings, bootstrap)).items():
+                if what == "created":
+                    print(f"created  {name}")
+            res = await restore_from_markdown(settings, bootstrap, md_root)
+            print(f"restored {res.appended} of the {res.recovered} memory-log records in "
+                  f"{md_root} to {topic} ({res.recovered - res.appended} already there, "
+                  f"{res.log_records} records in the log before)")
+            if not res.recovered:
+                print(f"note: no MEMORY.md records under {md_root}; MNEMOFLOW_HOME and "
+                      f"MNEMOFLOW_APP_ID say where they are")
+        events = await read_memory_log(settings, bootstrap)
+        store, index = await rebuild(events, index_path, default_embedder(), md_root,
+                                     load_tuning(settings.weights_file).index)
+        return len(events), len(store), len(index)
 
-        store, index = asyncio.run(rebuild(asyncio.run(read()), index_path, emb, md_root))
-    print(f"rebuilt from {args.source}: {len(store)} memories, {len(index)} vectors at "
-          f"{index_path}")
+    try:
+        n, memories, vectors = asyncio.run(run())
+    except LookupError as exc:  # the memory-log topic is missing (the message names the fix)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TopicMismatch as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except MarkdownIncomplete as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"rebuilt from {topic} ({n} records): {memories} memories, {vectors} vectors at "
+          f"{index_path}; MEMORY.md under {md_root}")
     return 0
 
 
@@ -194,8 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--keep-state", action="store_true",
                    help="do not delete the app's changelogs and local state")
     r.set_defaults(func=_replay)
-    rb = sub.add_parser("rebuild", help="re-create the LanceDB index (and MEMORY.md) offline")
-    rb.add_argument("--from", dest="source", choices=["memory-log", "markdown"], required=True)
+    rb = sub.add_parser("rebuild", help="re-create the LanceDB index and MEMORY.md from the "
+                        "memory-log (stop the worker first)")
+    rb.add_argument("--from", dest="source", choices=["memory-log", "markdown"], required=True,
+                    help="markdown: first append to the memory-log what MEMORY.md holds and "
+                    "the log does not")
     rb.set_defaults(func=_rebuild)
     e = sub.add_parser("eval", help="replay a benchmark through the pipeline and measure it")
     e.add_argument("benchmark", choices=["locomo", "longmemeval"])
@@ -241,9 +274,11 @@ def main(argv: list[str] | None = None) -> None:
 
         from mnemoflow.streams.preflight import unreachable
 
-        if not isinstance(exc, KafkaError | OSError) or getattr(args, "loglevel", "") == "debug":
+        # ConnectionError, not OSError: a disk error is not the broker's
+        if not isinstance(exc, KafkaError | ConnectionError) or \
+                getattr(args, "loglevel", "") == "debug":
             raise
-        if isinstance(exc, KafkaConnectionError | OSError):
+        if isinstance(exc, KafkaConnectionError | ConnectionError):
             print(f"error: {unreachable(_bootstrap_for_error(), exc)}", file=sys.stderr)
         else:
             print(f"error: Kafka at {_bootstrap_for_error()}: {type(exc).__name__}: {exc}",

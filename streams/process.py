@@ -31,6 +31,10 @@ def worker_env(settings: Settings, bootstrap: str, **extra: str) -> dict[str, st
                MNEMOFLOW_CONSOLIDATE_IDLE_S=str(settings.consolidate_idle_s),
                MNEMOFLOW_SHUTDOWN_TIMEOUT_S=str(settings.shutdown_timeout_s),
                MNEMOFLOW_AGENT_MAX_RESTARTS=str(settings.agent_max_restarts),
+               MNEMOFLOW_RECALL_BARRIER=settings.recall_barrier,
+               MNEMOFLOW_BARRIER_TIMEOUT_S=str(settings.barrier_timeout_s),
+               MNEMOFLOW_VECTOR_TIMEOUT_S=str(settings.vector_timeout_s),
+               MNEMOFLOW_MAX_PAYLOAD_BYTES=str(settings.max_payload_bytes),
                PYTHONUNBUFFERED="1")  # the log is read after a SIGKILL too
     if settings.weights_file:
         env["MNEMOFLOW_WEIGHTS"] = settings.weights_file

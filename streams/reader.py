@@ -51,11 +51,15 @@ class TopicReader:
 
     async def __aenter__(self) -> TopicReader:
         await self._c.start()
-        tps = []
-        for t in self.topics:
-            tps += await topic_partitions(self._c, t)
-        self._c.assign(tps)
-        await self._c.seek_to_beginning(*tps)
+        try:
+            tps = []
+            for t in self.topics:
+                tps += await topic_partitions(self._c, t)
+            self._c.assign(tps)
+            await self._c.seek_to_beginning(*tps)
+        except BaseException:  # a missing topic: the consumer must not outlive the error
+            await self._c.stop()
+            raise
         self._tps = tps
         return self
 

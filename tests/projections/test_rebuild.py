@@ -3,14 +3,21 @@ Markdown alone (after being corrupted) with the same search results."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.observer import ObserverState, observe
-from mnemoflow.projections.markdown import path_for, write_owner
+from mnemoflow.projections.markdown import events_from_markdown, path_for, write_owner
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.rebuild import default_embedder, from_markdown, rebuild
+from mnemoflow.projections.rebuild import (
+    default_embedder,
+    from_markdown,
+    missing_from_log,
+    rebuild,
+)
 from mnemoflow.projections.vector_index import IndexMeta, IndexMismatch, open_index
 
 from factories import T0, user_event
@@ -88,3 +95,39 @@ def test_an_index_of_another_model_is_refused(tmp_path) -> None:
     idx.add([{"memory_id": "m", "kind": "segment", "text": "t", "scope": "User", "owner": "u",
               "event_time": 1}], np.ones((1, 8), dtype=np.float32))
     assert len(idx) == 1
+
+
+def test_only_memories_the_log_never_mentions_are_restored(tmp_path) -> None:
+    events = _events()
+    revoke = events[-1]
+    before = MemoryStore()  # MEMORY.md as written before the revocation reached the log
+    for ev in events[:-1]:
+        before.apply(ev)
+    for user in TEXTS:
+        write_owner(tmp_path, before, "User", user)
+    recovered = events_from_markdown(tmp_path)
+    ids = [ev["memoryId"] for ev in recovered]
+    assert revoke["memoryId"] in ids
+    assert missing_from_log(recovered, []) == recovered  # the whole log lost
+    kept = events[:3]  # part of the log survived, with the revocation
+    todo = missing_from_log(recovered, [*kept, revoke])
+    assert {ev["memoryId"] for ev in todo} == set(ids) - {ev["memoryId"] for ev in [*kept, revoke]}
+    assert revoke["memoryId"] not in {ev["memoryId"] for ev in todo}  # stays revoked
+    assert missing_from_log(recovered, [*kept, revoke, *todo]) == []  # a second run adds nothing
+
+
+async def test_the_worker_opens_a_rebuilt_index_made_with_its_weights_file(tmp_path, emb) -> None:
+    from mnemoflow.agents.tuning import load_tuning
+    from mnemoflow.streams.config import Settings
+    from mnemoflow.streams.worker import build_pipeline
+
+    weights = tmp_path / "weights.json"  # an index section of its own, as calibration writes
+    weights.write_text(json.dumps({"index": {"vector_context_weight": 0.123}}))
+    s = Settings(home=tmp_path / "home", app_id="app", store="memory://", bootstrap=None,
+                 weights_file=str(weights))
+    tuning = load_tuning(s.weights_file).index
+    _, index = await rebuild(_events(), s.home / "lancedb" / s.app_id, emb, tuning=tuning)
+    rows = len(index)
+    pipe = build_pipeline(s, "127.0.0.1:9")  # opens it: the same index meta
+    vec = next(t.tier for t in pipe.tiers if t.tier.name == "vector")
+    assert len(vec.index) == rows > 0
