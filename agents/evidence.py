@@ -137,6 +137,15 @@ def _dispute_event(seg: dict[str, Any], memory_id: str, why: str) -> dict[str, A
                     "feedbackRef": seg.get("feedbackRef") or ""})
 
 
+def _with_text(event: dict[str, Any], seg: dict[str, Any]) -> dict[str, Any]:
+    """A remembered event with its text back. The state keeps events without their text: a
+    dispute copies the user's whole message once per disputed memory, and the redelivered
+    segment, identical to the first, has it again."""
+    if event["op"] != "fact_conflicted":
+        return event
+    return {**event, "text": seg["text"] if seg["kind"] == "user" else ""}
+
+
 def _credited(o: Outcome, deliveries: tuple[Delivery, ...],
               outcomes: tuple[Outcome, ...]) -> list[Delivery]:
     """The deliveries outcome `o` reused: after its root call's previous terminal result,
@@ -170,8 +179,8 @@ def _prune(state: EvidenceState, now: int) -> EvidenceState:
 def update(state: EvidenceState, seg: dict[str, Any]) -> tuple[EvidenceState, list[dict[str, Any]]]:
     """Fold one segment of this session; returns the memory events to append."""
     for sid, evs in state.done:
-        if sid == seg["segmentId"]:
-            return state, list(evs)  # redelivered: the same events again, nothing new
+        if sid == seg["segmentId"]:  # redelivered: the same events again, nothing new
+            return state, [_with_text(e, seg) for e in evs]
     kind, now = seg["kind"], seg["eventTime"]
     attrs = seg.get("attributes") or {}
     events: list[dict[str, Any]] = []
@@ -220,5 +229,6 @@ def update(state: EvidenceState, seg: dict[str, Any]) -> tuple[EvidenceState, li
         state = replace(state, outcomes=(*state.outcomes, o))
     state = _prune(state, now)
     if events:
-        state = replace(state, done=(*state.done, (seg["segmentId"], tuple(events)))[-DONE_CAP:])
+        kept = tuple({**e, "text": ""} for e in events)
+        state = replace(state, done=(*state.done, (seg["segmentId"], kept))[-DONE_CAP:])
     return state, events

@@ -93,7 +93,9 @@ def extract_facts(seg: dict[str, Any]) -> list[dict[str, Any]]:
 
 ALIAS_PRIOR = 0.3  # the lexical index weighs alias hits the same way (ALIAS_PRIOR there)
 SELF = "user"  # the word extracted facts use for the speaker ("user prefer ...")
-_PHRASE = r"[A-Z0-9][\w'\-]*(?:\s+[A-Z0-9][\w'\-]*){0,3}"
+# possessive runs and a start that is not inside a word: each match attempt is then linear,
+# where backtracking over a long run of word characters was quadratic (20 kB of digits: 59 s)
+_PHRASE = r"(?<![\w'\-])[A-Z0-9][\w'\-]*+(?:\s+[A-Z0-9][\w'\-]*+){0,3}"
 _ALIAS_RULES: tuple[tuple[str, re.Pattern[str], bool], ...] = (
     # (rule, pattern with groups a/b, revoke?)
     ("not-mean", re.compile(r"\b(?P<a>[A-Z][\w\-]{1,20})\s+(?:doesn't|does not|no longer)\s+"
@@ -110,7 +112,7 @@ _ALIAS_RULES: tuple[tuple[str, re.Pattern[str], bool], ...] = (
     ("call-me", re.compile(r"\b(?i:call me|I go by|my name is)\s+"
                            r"(?P<a>[A-Z][\w'\-]*(?:\s+[A-Z][\w'\-]*){0,2})"), False),
 )
-_PAREN = re.compile(r"((?:[\w'\-]+\s+){0,7}[\w'\-]+)\s*\(([^()\n]{2,60})\)")
+_PAREN = re.compile(r"(?<![\w'\-])((?:[\w'\-]++\s+){0,7}[\w'\-]++)\s*\(([^()\n]{2,60})\)")
 _ACRONYM = re.compile(r"^[A-Z][A-Za-z0-9]{1,7}$")
 _INITIAL_SKIP = frozenset("of and for the a an to in on".split())
 

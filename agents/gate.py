@@ -15,12 +15,23 @@ from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.temporal import time_window
 from mnemoflow.agents.text import content_tokens, semantic_key
 from mnemoflow.agents.tuning import GateTuning
-from mnemoflow.agents.working_memory import RingEntry, WorkingMemory
+from mnemoflow.agents.working_memory import RingEntry, WorkingMemory, ring_entity
 
 KIND_FACTOR = {"user": 1.0, "tool": 1.0, "assistant": 0.5, "step": 0.5}
 HISTORY_CAP = 128
 IGNORED_CAP = 256
 DONE_CAP = 4
+# Topic keys under cooldown. They expire in event time, but a burst of distinct topics within
+# one cooldown (or event times that stop advancing) would otherwise grow the state without
+# bound; past the cap the cooldowns that end first are dropped.
+COOLDOWN_CAP = 256
+# What `done` keeps of a request: the fields that come from the segment's text are taken from
+# the redelivered segment instead (the observer re-emits it identically), so the state stays
+# small however long the text (the gate-state changelog record must stay under 1 MB).
+_FROM_SEGMENT = ("text", "entities")
+# `ignored` is only ever compared with digests (the segment's here, the candidates' in rank):
+# feedback that names something else (a packet id) is not kept in the state or the requests.
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 _QUESTION = re.compile(
     r"\?\s*$|^(what|when|where|who|whom|whose|why|how|which|did|do|does|is|are|was|were|can|"
@@ -92,7 +103,7 @@ def signals(state: GateState, seg: dict[str, Any]) -> dict[str, float]:
     win = state.window.window(seg["eventTime"])
     digests = {e.digest for e in win} | {e.semantic_key for e in win}
     win_entities = {x for e in win for x in e.entities}
-    ents = [e for e in seg["entities"]]
+    ents = [ring_entity(e) for e in seg["entities"]]  # as the window and history keep them
     new_ents = [e for e in ents if e not in win_entities]
     after = (*win, RingEntry(seg["segmentId"], seg["digest"], seg["semanticKey"],
                              seg["eventTime"], seg["kind"], tuple(ents), seg.get("ok")))
@@ -138,7 +149,7 @@ def _housekeeping(state: GateState, seg: dict[str, Any]) -> GateState:
         state = replace(state, capability=seg["capability"])
     if seg["kind"] == "feedback":
         ref = seg.get("feedbackRef") or ""
-        if seg.get("feedbackKind") == "packet_ignored" and ref:
+        if seg.get("feedbackKind") == "packet_ignored" and _DIGEST.fullmatch(ref):
             state = replace(state, ignored=(*state.ignored, ref)[-IGNORED_CAP:])
         elif seg.get("feedbackKind") == "correction":
             state = replace(state, conflicts=state.conflicts + 1)
@@ -152,11 +163,15 @@ def decide(state: GateState, seg: dict[str, Any], tuning: GateTuning) -> tuple[G
         for sid, req, audit in state.done:
             if sid == seg["segmentId"]:
                 d = GateDecision(audit["action"], audit["reason"], audit["score"], audit["signals"])
+                if req is not None:
+                    req = {**req, **{k: seg[k] for k in _FROM_SEGMENT}}
                 return state, GateOutput(d, req, audit, replayed=True)
         return state, GateOutput(None)
     state = replace(state, last_cv=seg["contextVersion"])
     state, out = _decide(state, seg, tuning)
-    done = (*state.done, (seg["segmentId"], out.request, out.audit))[-DONE_CAP:]
+    kept = None if out.request is None else {
+        k: v for k, v in out.request.items() if k not in _FROM_SEGMENT}
+    done = (*state.done, (seg["segmentId"], kept, out.audit))[-DONE_CAP:]
     return replace(state, done=done), out
 
 
@@ -192,11 +207,13 @@ def _decide(state: GateState, seg: dict[str, Any], tuning: GateTuning) -> tuple[
         tuple(seg["entities"]), seg.get("ok")))
     history = dict(state.history)
     for e in seg["entities"]:
-        history[e] = now
+        history[ring_entity(e)] = now
     hist = tuple(sorted(history.items(), key=lambda kv: (kv[1], kv[0]))[-HISTORY_CAP:])
     fired = d.action != "suppress"
     if fired:
         cooldown[key] = now + tuning.cooldown_ms
+        if len(cooldown) > COOLDOWN_CAP:
+            cooldown = dict(sorted(cooldown.items(), key=lambda kv: (kv[1], kv[0]))[-COOLDOWN_CAP:])
     new_state = replace(
         state, window=window, history=hist, hot=fired if d.reason != "cooldown" else state.hot,
         cooldown=tuple(sorted(cooldown.items())),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +21,40 @@ from mnemoflow.agents.working_memory import RingEntry, WorkingMemory
 
 SCHEMA_VERSION = 1
 RECENT_CAP = 128
-TEXT_CAP = 4000
+
+# What is checked before a record is observed. A record that fails a check is dead-lettered
+# with the reason and a detail naming the field; nothing is cut to fit.
+#
+# Free text (text, tool output and error, attributes, memoryRefs) counts against
+# max_payload_bytes as a whole, before anything else looks at it: a text within it is
+# carried whole in the segment and its memory. Those also carry the text's entities (held to
+# the same bound below), so with the default 256 KiB a segment stays near 0.5 MB at most,
+# under Kafka's 1 MB record limit.
+TEXT_FIELDS = ("text", "output", "error")
+# Event times must lie in [1970-01-01, 9999-12-31] UTC (epoch ms). Every stage turns event
+# times into UTC calendar days with datetime, which ends at year 9999; a time before 1970 is
+# a broken host clock, not history (the benchmarks' oldest sessions are from this century).
+EVENT_TIME_MIN = 0
+EVENT_TIME_MAX = 253_402_300_799_999
+# Identifiers and names are copied into every record and state derived from the event (the
+# gate keeps its last requests and audits, the evidence updater its last outcomes), so each
+# is bounded; 255 bytes (a file name's limit) is more than any host's ids need. A control
+# character in one is never meant and breaks the lines and file names ids end up in.
+ID_MAX_BYTES = 255
+ID_FIELDS = ("sessionId", "agentId", "userId", "workspaceId", "callId", "rootCallId",
+             "parentCallId", "toolName", "provenance", "lifecycle", "feedbackKind", "feedbackRef")
+REQUIRED_IDS = ("sessionId", "userId")  # they key the session's state and the memories' owner
+# A packet holds a handful of memories (rank.max_items) and a tool call reuses a few; the
+# evidence updater emits one memory event per id and keeps the last ones for redelivery.
+MEMORY_IDS_MAX = 64
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The extractors (agents/extract.py) propose facts and aliases from at most this much of a
+# text, cut after its last sentence end within the bound (never inside a sentence, which
+# would turn "my city is New York" into a fact about "New"). Some of their patterns backtrack
+# quadratically on long runs of word characters, and a whole 256 kB text would hold the
+# observer for hours. The segment and its memory keep the whole text.
+EXTRACT_CHARS = 4000
+SENTENCE_ENDS = ".!?;\n"  # where extract.py's patterns end a fact
 
 SOURCE_KIND = {"session-events": "user", "tool-results": "tool", "agent-steps": "agent"}
 
@@ -64,6 +98,60 @@ def payload_digest(record: dict[str, Any]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def _nbytes(s: str) -> int:
+    return len(s.encode("utf-8", "surrogatepass"))
+
+
+def oversized(rec: dict[str, Any], max_bytes: int) -> str | None:
+    """Why the record's free text is over `max_bytes` as a whole (UTF-8), else None."""
+    sizes = {f: _nbytes(rec[f]) for f in TEXT_FIELDS if rec.get(f)}
+    attrs = rec.get("attributes") or {}
+    if attrs:
+        sizes["attributes"] = sum(_nbytes(k) + _nbytes(v) for k, v in attrs.items())
+    if rec.get("memoryRefs"):
+        sizes["memoryRefs"] = sum(_nbytes(r) for r in rec["memoryRefs"])
+    total = sum(sizes.values())
+    if total <= max_bytes:
+        return None
+    return f"{total} bytes ({', '.join(f'{f} {n}' for f, n in sizes.items())}) > {max_bytes}"
+
+
+def _id_problem(name: str, value: str) -> str | None:
+    n = _nbytes(value)
+    if n > ID_MAX_BYTES:
+        return f"{name} is {n} bytes > {ID_MAX_BYTES}"
+    bad = _CONTROL.search(value)
+    if bad:
+        return f"{name} holds control character U+{ord(bad[0]):04X} at {bad.start()}"
+    return None
+
+
+def invalid(rec: dict[str, Any]) -> str | None:
+    """Why a field of the record is out of range (the detail names the field), else None."""
+    t = rec["eventTime"]
+    if not EVENT_TIME_MIN <= t <= EVENT_TIME_MAX:
+        return (f"eventTime {t} is outside [{EVENT_TIME_MIN}, {EVENT_TIME_MAX}] "
+                "(1970-01-01 to 9999-12-31 UTC, epoch ms)")
+    for f in REQUIRED_IDS:
+        if not rec.get(f):
+            return f"{f} is empty"
+    named = [(f, rec.get(f)) for f in ID_FIELDS]
+    cap = rec.get("capability") or {}
+    named += [(f"capability.{k}", cap.get(k)) for k in ("provider", "model")]
+    lists = {"memoryRefs": list(rec.get("memoryRefs") or ()),
+             "attributes.memoryIds": [x for x in ((rec.get("attributes") or {})
+                                                  .get("memoryIds") or "").split(",") if x]}
+    for name, ids in lists.items():
+        if len(ids) > MEMORY_IDS_MAX:
+            return f"{name} has {len(ids)} ids > {MEMORY_IDS_MAX}"
+        named += [(f"{name}[{i}]", x) for i, x in enumerate(ids)]
+    for name, value in named:
+        problem = None if value is None else _id_problem(name, value)
+        if problem:
+            return problem
+    return None
+
+
 def _slice(source: str, rec: dict[str, Any]) -> tuple[str, str, bool | None]:
     """(kind, text, ok) by event type: each kind keeps the part that carries meaning."""
     if source == "tool-results":
@@ -73,16 +161,16 @@ def _slice(source: str, rec: dict[str, Any]) -> tuple[str, str, bool | None]:
         if rec.get("attempt", 1) > 1:
             head += f" (attempt {rec['attempt']})"
         ok = {"ok": True, "error": False, "retry": False}.get(status)  # cancel: no verdict
-        return "tool", f"{head}: {(body or '').strip()}"[:TEXT_CAP], ok
+        return "tool", f"{head}: {(body or '').strip()}", ok
     if source == "agent-steps":
-        return "step", (rec.get("text") or "").strip()[:TEXT_CAP], None
+        return "step", (rec.get("text") or "").strip(), None
     etype = rec["type"]
     if etype == "lifecycle":
         return "lifecycle", f"lifecycle {rec.get('lifecycle') or ''}".strip(), None
     if etype == "feedback":
         return "feedback", f"feedback {rec.get('feedbackKind') or ''}".strip(), None
     kind = "user" if etype == "user_message" else "assistant"
-    return kind, (rec.get("text") or "").strip()[:TEXT_CAP], None
+    return kind, (rec.get("text") or "").strip(), None
 
 
 def _envelope(source: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +183,17 @@ def _envelope(source: str, rec: dict[str, Any]) -> dict[str, Any]:
         "step": rec["step"], "sourceKind": kind, "callId": rec.get("callId"),
         "rootCallId": rec.get("rootCallId"), "payloadDigest": payload_digest(rec),
     }
+
+
+def _for_extraction(seg: dict[str, Any]) -> dict[str, Any]:
+    """The segment as the extractors see it: its text up to the last sentence end within
+    EXTRACT_CHARS (nothing if there is none), everything else as it is."""
+    text = seg["text"]
+    if len(text) <= EXTRACT_CHARS:
+        return seg
+    head = text[:EXTRACT_CHARS + 1]  # a sentence may end right at the bound
+    cut = max(head.rfind(c) for c in SENTENCE_ENDS)
+    return {**seg, "text": head[:cut + 1] if cut >= 0 else ""}
 
 
 def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -117,7 +216,7 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
                  # a question asks for information rather than stating it: a weak memory
                  "attributes": {"role": seg["kind"],
                                 "salience": "-3" if _is_question(seg["text"]) else "0"}},
-                *extract_memories(seg))
+                *extract_memories(_for_extraction(seg)))
     if seg["kind"] == "tool" and seg["ok"] is not None:
         outcome = "success" if seg["ok"] else "failure"
         return ({**base, "eventId": stable_id("mem", seg["segmentId"], "episode"),
@@ -147,21 +246,33 @@ def observe(
     if rec.get("schemaVersion") != SCHEMA_VERSION:
         return state, Observation(dead_letter=(
             "schema-version", f"schemaVersion {rec.get('schemaVersion')} != {SCHEMA_VERSION}"))
+    too_big = oversized(rec, max_payload_bytes)
+    if too_big:
+        return state, Observation(dead_letter=("oversized", too_big))
+    bad = invalid(rec)
+    if bad:
+        return state, Observation(dead_letter=("invalid", bad))
     kind, text, ok = _slice(source, rec)
-    if len(text.encode()) > max_payload_bytes:
-        return state, Observation(dead_letter=("oversized", f"{len(text.encode())} bytes"))
     if kind == "step" and not text:
         return state, Observation()  # a bare step boundary carries nothing to observe
     seg_id = stable_id("seg", rec["sessionId"], source, rec["eventSeq"])
     recent = dict(state.recent)
     redelivered = seg_id in recent
     cv = recent[seg_id] if redelivered else state.context_version + 1
+    ents = entities(text) if kind not in ("lifecycle", "feedback") else []
+    # Entities are NFKC-normalised spans of the text, and NFKC can make a span six times
+    # longer (U+3316 is six katakana): a text within the limit could still give a segment
+    # over Kafka's 1 MB. The same bound applies to them, so a segment stays under twice it.
+    ent_bytes = sum(_nbytes(e) for e in ents)
+    if ent_bytes > max_payload_bytes:
+        return state, Observation(dead_letter=(
+            "oversized", f"the text's entities take {ent_bytes} bytes > {max_payload_bytes}"))
     env = _envelope(source, rec)
     seg: dict[str, Any] = {
         "segmentId": seg_id, "envelope": env, "userId": rec["userId"],
         "workspaceId": rec.get("workspaceId"), "eventTime": rec["eventTime"],
         "contextVersion": cv, "kind": kind, "text": text,
-        "entities": entities(text) if kind not in ("lifecycle", "feedback") else [],
+        "entities": ents,
         "digest": digest(text), "semanticKey": semantic_key(text), "ok": ok,
         "toolName": rec.get("toolName"),
         "provenance": f"{rec['sessionId']}#{rec['turn']}.{rec['step']}",

@@ -8,6 +8,11 @@ When a text holds several temporal phrases, the most specific one wins: the phra
 window is narrowest, ties broken by the earliest position in the text. "What did I say
 yesterday about the trip in May?" therefore resolves to yesterday. Phrases are not combined
 ("last year in May" is May of the most recent year, not May of last year).
+
+Nothing here raises on a time: an event time that datetime cannot represent (before year 1
+or after 9999) resolves no phrase, and a phrase whose window would leave that range ("today"
+on 9999-12-31, or the text "9999-12-31" whatever the time) is skipped as if it were not
+temporal. The gate calls this on every segment, with the host's event time and words.
 """
 
 from __future__ import annotations
@@ -219,13 +224,24 @@ _RULES: list[Rule] = [
 ]
 
 
+# What datetime arithmetic raises at the ends of its range (years 1 and 9999); OSError is
+# what some platforms' fromtimestamp raises for far-off times.
+_RANGE_ERRORS = (ValueError, OverflowError, OSError)
+
+
 def _candidates(text: str, now_ms: int) -> Iterator[tuple[int, int, Window]]:
     """(width, position, window) for every temporal phrase found in `text`."""
+    try:
+        today = _day_start(now_ms)
+    except _RANGE_ERRORS:
+        return  # a time datetime cannot represent: no phrase resolves against it
     t = text.casefold()
-    today = _day_start(now_ms)
     for rx, resolve in _RULES:
         for m in rx.finditer(t):
-            w = resolve(m, today)
+            try:
+                w = resolve(m, today)
+            except _RANGE_ERRORS:
+                continue  # the window would leave datetime's range
             if w is not None and w[0] < w[1]:
                 yield w[1] - w[0], m.start(), w
 
@@ -262,8 +278,8 @@ def parse_event_time(s: str) -> int | None:
             d = datetime(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0))
             return _ms(d)
         d = datetime.fromisoformat(s.strip())
-    except ValueError:
+        if d.tzinfo is None:
+            return _ms(d)
+        return int(d.timestamp() * 1000)
+    except _RANGE_ERRORS:
         return None
-    if d.tzinfo is None:
-        return _ms(d)
-    return int(d.timestamp() * 1000)

@@ -5,8 +5,38 @@ Bounded on purpose: an unbounded window turns association into full-corpus RAG.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import hashlib
+from dataclasses import dataclass, fields, replace
 from typing import Any
+
+# The ring is stored per session in a table whose changelog records Kafka caps at 1 MB, and a
+# segment's entities are spans of its text, so a 256 kB URL would be one 256 kB entity. An
+# entry therefore keeps at most ENTRY_ENTITIES entities of at most ENTITY_MAX_BYTES each; a
+# longer entity is kept as a prefix and a digest of the whole (`ring_entity`), which still
+# compares equal only to itself. With the default cap of 32 entries a ring holds at most
+# 32 x 16 x 64 B = 32 kB of entity text, under 200 kB as JSON even if every byte needed a
+# six-byte escape. The segment itself keeps every entity whole.
+ENTITY_MAX_BYTES = 64
+ENTITY_PREFIX_BYTES = 40
+ENTRY_ENTITIES = 16
+
+
+def ring_entity(entity: str) -> str:
+    """`entity` as the ring stores it: itself if short, else its head and a digest of it.
+
+    Whatever compares a segment's entities with the ring's must map them through this too.
+    """
+    if len(entity) * 4 <= ENTITY_MAX_BYTES:  # short enough whatever its UTF-8 form
+        return entity
+    raw = entity.encode("utf-8", "surrogatepass")
+    if len(raw) <= ENTITY_MAX_BYTES:
+        return entity
+    head = raw[:ENTITY_PREFIX_BYTES].decode("utf-8", "ignore")
+    return f"{head}#{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
+def ring_entities(entities: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    return tuple(ring_entity(e) for e in entities[:ENTRY_ENTITIES])
 
 
 @dataclass(frozen=True)
@@ -32,6 +62,9 @@ class WorkingMemory:
     ttl_ms: int = 15 * 60_000
 
     def push(self, entry: RingEntry) -> tuple[WorkingMemory, list[tuple[str, str]]]:
+        ents = ring_entities(entry.entities)
+        if ents != entry.entities:
+            entry = replace(entry, entities=ents)
         evicted: list[tuple[str, str]] = []
         kept: list[RingEntry] = []
         for e in self.entries:

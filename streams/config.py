@@ -48,13 +48,14 @@ def env_opt(name: str) -> str | None:
     return _raw(name)
 
 
-def env_int(name: str, default: int, minimum: int = 1) -> int:
+def env_int(name: str, default: int, minimum: int = 1, maximum: int | None = None) -> int:
     def parse(v: str) -> int:
         n = int(v)
-        if n < minimum:
+        if n < minimum or (maximum is not None and n > maximum):
             raise ValueError(v)
         return n
-    return _parsed(name, default, parse, f"an integer >= {minimum}")
+    accepts = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    return _parsed(name, default, parse, accepts)
 
 
 def env_float(name: str, default: float, minimum: float = 0.0) -> float:
@@ -107,8 +108,10 @@ class Settings:
     sasl_username: str | None = field(default_factory=lambda: env_opt("KAFKA_SASL_USERNAME"))
     sasl_password: str | None = field(default_factory=lambda: env_opt("KAFKA_SASL_PASSWORD"))
     ssl_cafile: str | None = field(default_factory=lambda: env_opt("KAFKA_SSL_CAFILE"))
-    max_payload_bytes: int = field(
-        default_factory=lambda: env_int("MNEMOFLOW_MAX_PAYLOAD_BYTES", 262144, minimum=1024))
+    # a segment carries the text and its entities (up to as long again), and Kafka's default
+    # message limit is 1 MB: above 400 kB an accepted text could make a segment too large
+    max_payload_bytes: int = field(default_factory=lambda: env_int(
+        "MNEMOFLOW_MAX_PAYLOAD_BYTES", 262144, minimum=1024, maximum=400_000))
     weights_file: str | None = field(default_factory=lambda: env_opt("MNEMOFLOW_WEIGHTS"))
     session_timeout_s: float = field(
         default_factory=lambda: env_float("MNEMOFLOW_SESSION_TIMEOUT_S", 10.0, minimum=1.0))

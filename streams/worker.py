@@ -205,7 +205,8 @@ def _wire(pipe: Pipeline) -> None:
         m = ev.message
         pipe.bump(f"dead-letter:{reason}")
         rec = dead_letter(reason, detail, m.topic, m.partition, m.offset, m.key, m.value, stage)
-        await t["dead-letter"].send(key=m.key, value=reg.encode("io.mnemoflow.DeadLetter", rec))
+        # the kept key: a key near the broker's size limit would not fit beside the record
+        await t["dead-letter"].send(key=rec["key"], value=reg.encode("io.mnemoflow.DeadLetter", rec))
 
     def decode(ev: faust.types.EventT) -> dict[str, Any]:
         spec = base_of[ev.message.topic]

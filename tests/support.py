@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,18 @@ class WorkerProcess(process.WorkerProcess):
 
     loglevel: str = field(
         default_factory=lambda: os.environ.get("MNEMOFLOW_TEST_WORKER_LOGLEVEL", "warn"))
+
+
+@asynccontextmanager
+async def ready_worker(settings: Settings, bootstrap: str) -> AsyncIterator[WorkerProcess]:
+    """Topics created, a worker started and ready; stopped on the way out."""
+    await prepare_topics(settings, bootstrap)
+    w = WorkerProcess(settings, bootstrap).start()
+    try:
+        await w.wait_ready()
+        yield w
+    finally:
+        w.stop()
 
 
 async def collect(settings: Settings, bootstrap: str, bases: list[str],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mnemoflow.agents.evidence import REUSE_WINDOW_MS, EvidenceState, update
@@ -138,6 +139,19 @@ def test_redelivered_segment_re_emits_the_same_events() -> None:
     first = s.tool(T0 + 1000)
     seg = s.last_segment
     state, again = update(s.ev, seg)
+    assert again == first and state == s.ev
+
+
+def test_a_redelivered_correction_gives_its_text_back_which_the_state_does_not_hold() -> None:
+    """A dispute copies the user's whole message once per disputed memory; kept in the
+    state that made a 200 kB correction after a packet of 6 memories a 1.2 MB record."""
+    s = Session()
+    s.deliver(T0, *(f"fact:{i}" for i in range(6)))
+    long = "No, that's wrong. " + "The staging host moved to the new cluster. " * 4000
+    first = s.say(T0 + 100, long)
+    assert len(first) == 6 and all(e["text"] == long.strip() for e in first)
+    assert len(json.dumps(s.ev.to_json())) < 20_000
+    state, again = update(s.ev, s.last_segment)
     assert again == first and state == s.ev
 
 

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
-from mnemoflow.agents.gate import GateState, decide
+import json
+
+import pytest
+
+from mnemoflow.agents.gate import DONE_CAP, GateState, decide
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.tuning import load_tuning
 
@@ -80,3 +84,80 @@ def test_capability_comes_from_lifecycle_segment() -> None:
     state, out = decide(GateState.from_json(None, TUNING), obs.segment, TUNING)
     assert out.decision.action == "suppress" and out.decision.reason == "lifecycle"
     assert state.capability["supportsPreStep"] is True
+
+
+# ------------------------------------------------------------------ hostile segments
+
+def _segment(text: str, seq: int, t: int = T0, **kw: object) -> dict:
+    """A segment as the observer emits it for `text` (whole, however long), as the
+    session's `seq`-th."""
+    seg = observe(ObserverState(), "session-events", user_event("s1", seq, text, t, **kw),
+                  max_payload_bytes=10**9)[1].segment
+    return {**seg, "contextVersion": seq}
+
+
+@pytest.mark.parametrize("t", [2**63 - 1, -2**63, -62_135_596_800_000, 253_402_300_799_999])
+def test_gate_never_raises_on_an_event_time(t: int) -> None:
+    """Segments already in the topic (or from another producer) may carry any long."""
+    seg = {**_segments(["What did we do last week, yesterday, in December and 3 years ago?"])[0],
+           "eventTime": t}
+    state, out = decide(GateState.from_json(None, TUNING), seg, TUNING)
+    assert out.decision is not None and out.audit["eventTime"] == t
+    json.dumps(state.to_json())
+
+
+def test_gate_state_stays_small_when_texts_are_long() -> None:
+    """The gate keeps its last requests for redelivery; they must not carry the text (up to
+    the payload limit each) into the gate-state changelog record (Kafka's limit is 1 MB)."""
+    state = GateState.from_json(None, TUNING)
+    segs, outs = [], []
+    for i in range(DONE_CAP + 1):
+        seg = _segment(f"What did we decide about Project{i}? " + "more words " * 3_000, i + 1,
+                       T0 + i * (TUNING.cooldown_ms + 1))
+        state, out = decide(state, seg, TUNING)
+        assert out.request is not None and out.request["text"] == seg["text"]
+        segs.append(seg)
+        outs.append(out)
+    assert len(segs[-1]["text"]) > 30_000
+    assert len(json.dumps(state.to_json())) < 64_000
+    state = GateState.from_json(json.loads(json.dumps(state.to_json())), TUNING)
+    again_state, again = decide(state, segs[-1], TUNING)
+    assert again.replayed and again_state == state
+    assert again.request == outs[-1].request and again.audit == outs[-1].audit
+
+
+def test_long_entities_are_bounded_in_the_window_and_history() -> None:
+    from mnemoflow.agents.working_memory import ENTITY_MAX_BYTES
+
+    url = "https://example.com/" + "a" * 5000
+    segs = [_segment(f"Have a look at {url} please", 1, T0),
+            _segment(f"Did you open {url} yet?", 2, T0 + 1000)]
+    state, outs = _run(segs)
+    assert all(len(e.encode()) <= ENTITY_MAX_BYTES for r in state.window.entries for e in r.entities)
+    assert all(len(e.encode()) <= ENTITY_MAX_BYTES for e, _ in state.history)
+    assert outs[1].decision.signals["unresolved"] == 0.0  # the URL is known from the first
+
+
+def test_only_digests_are_kept_as_ignored() -> None:
+    digest_ref = "ab" * 32
+    state = GateState.from_json(None, TUNING)
+    for i, ref in enumerate(["pkt:0123456789abcdef01234567", "r" * 200, digest_ref], start=1):
+        seg = _segment(None, i, T0 + i, type="feedback", feedbackKind="packet_ignored",  # type: ignore[arg-type]
+                       feedbackRef=ref)
+        state, _ = decide(state, seg, TUNING)
+    assert state.ignored == (digest_ref,)
+
+
+def test_cooldowns_are_capped() -> None:
+    from mnemoflow.agents.gate import COOLDOWN_CAP
+
+    state = GateState.from_json(None, TUNING)
+    fired = 0
+    for i in range(COOLDOWN_CAP + 50):  # distinct topics, all within one cooldown
+        seg = _segment(f"What did Zorblax{i} Quintar{i} say about Vexil{i} last time?", i + 1,
+                       T0 + i)
+        state, out = decide(state, seg, TUNING)
+        fired += out.request is not None
+    assert fired > COOLDOWN_CAP
+    assert len(state.cooldown) == COOLDOWN_CAP
+    assert len(json.dumps(state.to_json())) < 64_000

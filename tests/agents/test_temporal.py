@@ -125,3 +125,41 @@ def test_parse_event_time_matches_the_documented_example() -> None:
 @pytest.mark.parametrize("s", ["", "garbage", "1:56 pm on 31 February, 2023", "2023/13/01 10:00"])
 def test_parse_event_time_rejects(s: str) -> None:
     assert parse_event_time(s) is None
+
+
+# One phrase for every rule, and the times at and beyond the ends of datetime's range.
+EVERY_RULE = [
+    "2023-05-07", "May 7, 2023", "7 May 2023", "yesterday", "today", "the day before yesterday",
+    "3 days ago", "a few weeks ago", "2 years ago", "the last 3 months", "the other day",
+    "last weekend", "this weekend", "on Monday", "last week", "this week", "last month",
+    "this month", "last year", "this year", "last December", "in December", "in January",
+    "December, 9999", "in 2023", "recently", "May 7", "Feb 29",
+]
+YEAR_1 = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+YEAR_9999_END = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+
+@pytest.mark.parametrize("now", [-2**63, YEAR_1 - 1, YEAR_1, -1, 0, YEAR_9999_END,
+                                 YEAR_9999_END + 1, 2**63 - 1])
+@pytest.mark.parametrize("phrase", EVERY_RULE)
+def test_no_time_raises(phrase: str, now: int) -> None:
+    """The gate resolves phrases against whatever event time a segment carries."""
+    w = time_window(f"what happened {phrase}?", now)
+    assert w is None or w[0] < w[1]
+
+
+def test_the_ends_of_the_range_resolve_what_they_can() -> None:
+    assert time_window("yesterday", YEAR_9999_END) == span((9999, 12, 30), (9999, 12, 31))
+    assert time_window("in December", YEAR_9999_END) is None  # would end in year 10000
+    assert time_window("in December or yesterday", YEAR_9999_END) == time_window(
+        "yesterday", YEAR_9999_END)
+    assert time_window("today", YEAR_1) == (YEAR_1, YEAR_1 + 86_400_000)
+    assert time_window("yesterday", YEAR_1) is None  # would start in year 0
+    assert time_window("yesterday", 2**63 - 1) is None
+
+
+@pytest.mark.parametrize("text", ["see you 9999-12-31", "December, 9999", "Dec 31, 9999",
+                                  "31 December 9999", "in December 9999"])
+def test_a_date_at_the_end_of_time_in_the_text_does_not_raise(text: str) -> None:
+    """A user's own words, at an ordinary event time: the window would end in year 10000."""
+    assert time_window(text, NOW) is None

@@ -10,7 +10,7 @@ from mnemoflow.streams.producer import AvroProducer
 from mnemoflow.streams.reader import TopicReader
 
 from factories import T0, user_event
-from support import WorkerProcess, isolated_settings, prepare_topics
+from support import isolated_settings, prepare_topics, ready_worker
 
 pytestmark = pytest.mark.kafka
 
@@ -44,13 +44,8 @@ async def test_topics_create_is_idempotent_and_refuses_other_partition_counts(
 @pytest.fixture(scope="module")
 async def worker(kafka_bootstrap, tmp_path_factory):
     s = isolated_settings(tmp_path_factory.mktemp("w"), "dlq")
-    await prepare_topics(s, kafka_bootstrap)
-    w = WorkerProcess(s, kafka_bootstrap).start()
-    try:
-        await w.wait_ready()
+    async with ready_worker(s, kafka_bootstrap) as w:
         yield w
-    finally:
-        w.stop()
 
 
 async def test_bad_input_on_every_topic_is_dead_lettered_and_stream_goes_on(worker) -> None:
