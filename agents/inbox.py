@@ -6,12 +6,16 @@ between claimers: a packet belongs to the first claim op that names it. The fold
 in place (O(1) per op) because a rebuild folds the whole log.
 
 The fold reads only an op's `OpMeta` (kind, ids, digest, expiry). Writers also put that
-metadata in the record headers (`op_headers`), so a rebuild can fold a long log without
+metadata in a record header (`op_headers`), so a rebuild can fold a long log without
 decoding every Avro body: a pending packet's body is decoded only when it is handed out.
+The body stays the truth: the header is believed only when it is bound to the body it
+travels with (`meta_from_headers`); otherwise the reader decodes the body.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,8 +26,21 @@ PacketSource = Packet | Callable[[], Packet]  # the packet, or a loader that dec
 CLAIM_PAGE = 256  # packet ids per claim op: a claim record stays small however long the queue
 HISTORY = 1024  # claimed ids/digests, applied op ids and drop reasons remembered per session
 
-FOLD_HEADER = "mf-fold"  # kind, opId, sessionId, packetId, exactDigest, expiry, packetIds
+# kind, opId, sessionId, packetId, exactDigest, expiry, packetIds..., then the tag that binds
+# them to the record value. Its key differs from the untagged `mf-fold` header's, so neither
+# format is ever read as the other: an op that carries only `mf-fold` is decoded.
+FOLD_HEADER = "mf-fold2"
 _SEP = "\x1f"  # ASCII unit separator: never in our ids or hex digests
+_TAG_BYTES = 12  # blake2b digest size
+_TAG_HEX = 2 * _TAG_BYTES  # the header ends with a separator and the tag in hex
+
+# What a header is checked against without decoding: the body's first fields, where the
+# InboxOp schema puts them after the 10-byte single-object header (opId, op, sessionId,
+# eventTime, then the packet union: a MemoryPacket starts with packetSchemaVersion, packetId;
+# with no packet, packetIds follows at once). The op enum's index, zigzag-encoded:
+_KIND_BYTE = {k: 2 * i for i, k in enumerate(("inject", "steer", "claim", "remove", "expire"))}
+_BODY_START = 10
+_IDS_CHECKED = 8  # an op naming more packet ids is decoded instead: fastavro is faster there
 
 
 class OpMeta(NamedTuple):
@@ -45,34 +62,110 @@ def meta_of(op: dict[str, Any]) -> OpMeta:
                   int(p["expiry"]) if p else 0, tuple(op.get("packetIds") or ()))
 
 
-def op_headers(op: dict[str, Any]) -> list[tuple[str, bytes]]:
-    """One record header that repeats the op's fold metadata (the Avro body stays the truth).
+@functools.cache
+def _registry() -> Any:
+    from mnemoflow.schemas.codec import default_registry
 
-    One header, one separator-joined string: parsing it costs a fraction of a body decode.
-    """
+    return default_registry()
+
+
+def op_record(op: dict[str, Any], registry: Any = None) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The op's record value (InboxOp, single-object encoded) and its fold header, bound to
+    that value: write both, unchanged, in one record."""
+    value = (registry or _registry()).encode("io.mnemoflow.InboxOp", op)
     m = meta_of(op)
-    fields = (m.kind, m.op_id, m.session_id, m.packet_id or "", m.digest or "", str(m.expiry),
-              *m.packet_ids)
-    return [(FOLD_HEADER, _SEP.join(fields).encode())]
+    text = _SEP.join((m.kind, m.op_id, m.session_id, m.packet_id or "", m.digest or "",
+                      str(m.expiry), *m.packet_ids)).encode()
+    return value, [(FOLD_HEADER, text + b"\x1f" + _tag(text, value))]
 
 
-def meta_from_headers(headers: Sequence[tuple[str, bytes]] | None) -> OpMeta | None:
-    """The op's metadata from its headers; None when they are missing (decode the body).
+def op_headers(op: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The fold header of a writer that encodes the value itself with the current InboxOp
+    schema: Avro encoding is deterministic, so the tag computed here matches its bytes (if
+    it did not, readers would only decode the body)."""
+    return op_record(op)[1]
 
-    Written for speed (a rebuild parses one per record): one decode, one split, and the
-    tuple built without NamedTuple's keyword machinery.
+
+def _tag(text: bytes, value: bytes) -> bytes:
+    """blake2b of the header text, then the record value: the header belongs to this value.
+    A checksum, not a signature: it catches a header that is not this record's (truncated,
+    copied, written by older code); the body check catches a wrong header tagged right."""
+    h = hashlib.blake2b(text, digest_size=_TAG_BYTES)
+    h.update(value)
+    return h.hexdigest().encode()
+
+
+def meta_from_headers(headers: Sequence[tuple[str, bytes]] | None,
+                      value: bytes | None) -> OpMeta | None:
+    """The op's metadata from its fold header, or None (then decode the body): no header, a
+    tag that does not match, anything that does not parse, or fields the body's first bytes
+    contradict (its opId, kind, sessionId, and its packetId or, with no packet, its packet
+    ids). An op with a packet must name just that packet in its packet ids, as every
+    writer's does; its exactDigest and expiry sit after the packet's items, out of the
+    check's reach, and rest on the tag alone.
+
+    Written for speed (a rebuild calls this once per record): one hash, one split and a few
+    byte comparisons, where the fallback is an Avro decode.
     """
-    if not headers:
+    if not headers or value is None:
         return None
-    for key, value in headers:
-        if key == FOLD_HEADER:
-            try:
-                f = value.decode().split(_SEP)
-                return _new_meta(OpMeta, (f[1], f[0], f[2], f[3] or None, f[4] or None,
-                                          int(f[5]), tuple(f[6:])))
-            except (ValueError, UnicodeDecodeError, IndexError):
+    for key, header in headers:
+        if key != FOLD_HEADER:
+            continue
+        text = header[:-_TAG_HEX - 1]
+        if header[-_TAG_HEX - 1:-_TAG_HEX] != b"\x1f" or header[-_TAG_HEX:] != _tag(text, value):
+            return None
+        try:
+            f = text.decode().split(_SEP)
+            kind, op_id, sid, pid = f[0], f[1], f[2], f[3]
+            ob, sb = op_id.encode(), sid.encode()
+            if len(ob) < 64 and len(sb) < 64:  # each length one byte: the usual case, inlined
+                head = b"%c%s%c%c%s" % (len(ob) << 1, ob, _KIND_BYTE[kind], len(sb) << 1, sb)
+            else:
+                head = _avro_str(ob) + bytes((_KIND_BYTE[kind],)) + _avro_str(sb)
+            if len(f) > 6 + _IDS_CHECKED or not value.startswith(head, _BODY_START):
                 return None
+            i = _BODY_START + len(head)
+            while value[i] & 0x80:  # eventTime, a varint
+                i += 1
+            if pid:  # the union's packet branch (1), packetSchemaVersion (a varint), packetId
+                if len(f) != 7 or f[6] != pid or value[i + 1] != 2:
+                    return None
+                i += 2
+                while value[i] & 0x80:
+                    i += 1
+                if not value.startswith(_avro_str(pid.encode()), i + 1):
+                    return None
+            elif value[i + 1] != 0 or not value.startswith(_avro_ids(f[6:]), i + 2):
+                return None  # not the union's null branch (0), or other packetIds
+            return _new_meta(OpMeta, (op_id, kind, sid, pid or None, f[4] or None, int(f[5]),
+                                      tuple(f[6:])))
+        except (KeyError, IndexError, ValueError, UnicodeDecodeError):
+            return None
     return None
+
+
+def _avro_str(b: bytes) -> bytes:
+    """An Avro string: its length as a zigzag varint, then its bytes."""
+    n = len(b) << 1
+    if n < 0x80:
+        return b"%c%s" % (n, b)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + b
+
+
+def _avro_ids(ids: list[str]) -> bytes:
+    """An array of strings as fastavro writes it: one block (its count, the items), then the
+    empty block. At most _IDS_CHECKED items, so the count is one byte."""
+    if len(ids) == 1:  # a claim of one packet: the usual claim
+        return b"\x02%s\0" % _avro_str(ids[0].encode())
+    if not ids:
+        return b"\0"
+    return b"%c%s\0" % (len(ids) << 1, b"".join([_avro_str(x.encode()) for x in ids]))
 
 
 _new_meta = tuple.__new__

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import bench_settings, broker, fmt, now_ms, pct, write_results
 
 from mnemoflow.agents.ids import stable_id
-from mnemoflow.agents.inbox import op_headers
+from mnemoflow.agents.inbox import op_record
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.inbox import CHECKPOINT_EVERY, InboxClient
@@ -63,8 +63,8 @@ async def fill(bootstrap: str, topic: str, ops: list[dict]) -> None:
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await p.start()
     for op in ops:
-        await p.send(topic, reg.encode("io.mnemoflow.InboxOp", op), key=op["sessionId"].encode(),
-                     headers=op_headers(op))
+        value, headers = op_record(op, reg)
+        await p.send(topic, value, key=op["sessionId"].encode(), headers=headers)
     await p.flush()
     await p.stop()
 
@@ -153,7 +153,8 @@ async def _inject_one(prod: AvroProducer, topic: str, k: int) -> None:
     op = {"opId": stable_id("op", "inject", pk["packetId"]), "op": "inject",
           "sessionId": "bench-session", "eventTime": T0, "packet": pk,
           "packetIds": [pk["packetId"]], "claimer": None, "reason": None, "authorisedBy": None}
-    await prod.send(topic, "io.mnemoflow.InboxOp", "bench-session", op, op_headers(op))
+    value, headers = op_record(op, prod.registry)
+    await prod.send_raw(topic, b"bench-session", value, headers)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,13 @@ def admin_client(settings: Settings, bootstrap: str) -> AIOKafkaAdminClient:
 
 
 async def existing_partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
-    """Partition counts of those of `names` that exist."""
+    """Partition counts of those of `names` that exist. Only topics the cluster lists are
+    described by name: a metadata request naming a missing topic makes a cluster with
+    auto-create on create it, with the broker's default partition count."""
+    listed = set(await admin.list_topics())
+    names = [n for n in names if n in listed]
+    if not names:
+        return {}
     meta = await admin.describe_topics(names)
     out = {}
     for t in meta:

@@ -142,6 +142,10 @@ class Settings:
     # how long a worker or a command tries to reach the broker before it says it cannot
     connect_timeout_s: float = field(
         default_factory=lambda: env_float("MNEMOFLOW_CONNECT_TIMEOUT_S", 30.0, minimum=0.5))
+    # the longest a host call (a send with its retries, a claim's reads) waits for the broker
+    # before it raises BrokerUnavailable
+    host_timeout_s: float = field(
+        default_factory=lambda: env_float("MNEMOFLOW_HOST_TIMEOUT_S", 30.0, minimum=0.5))
     # fault injection for resilience drills: these recall tiers raise instead of answering
     fault_tiers: tuple[str, ...] = field(default_factory=lambda: env_list("MNEMOFLOW_FAULT_TIERS"))
     # ... and these agents (observer, gate, evidence, recall) crash on every record

@@ -6,6 +6,10 @@ The inbox side (claim / assemble / build_request) lives in `mnemoflow.streams.in
 `HostClient.remember/revoke/alias/confirm/approve_procedure` write long-term memory directly
 to the memory-log (source "host", keyed by the scope owner), for hosts that know better than
 the rule-based extraction.
+
+Starting checks that the topics the client writes exist (TopicsMissing otherwise, at once,
+rather than every send waiting on metadata that never comes), and every call that waits on
+the broker gives up after `timeout_s` with BrokerUnavailable.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from mnemoflow.agents import memory_events as M
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
-from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.producer import AvroProducer, require_topics
 
 SCHEMA_VERSION = 1
 
@@ -124,19 +128,42 @@ class HostSession:
 
 
 class HostClient:
-    """Owns one idempotent producer; hand out a HostSession per agent session."""
+    """Owns one idempotent producer; hand out a HostSession per agent session.
 
-    def __init__(self, settings: Settings, bootstrap: str) -> None:
+    `timeout_s` bounds every wait on the broker (start, each send with its retries, the
+    flush at exit); past it the call raises BrokerUnavailable."""
+
+    def __init__(self, settings: Settings, bootstrap: str,
+                 timeout_s: float | None = None) -> None:
         self.settings = settings
         self.bootstrap = bootstrap
-        self.producer = AvroProducer(settings, bootstrap)
+        self.producer = AvroProducer(settings, bootstrap, timeout_s=timeout_s)
+
+    @property
+    def topics(self) -> list[str]:
+        """What this client writes: the three input topics and the memory-log."""
+        return [spec.name(self.settings)
+                for spec in (T.SESSION_EVENTS, T.TOOL_RESULTS, T.AGENT_STEPS, T.MEMORY_LOG)]
+
+    async def start(self) -> None:
+        """TopicsMissing (one line, with the fix) if a topic it writes does not exist."""
+        try:
+            await require_topics(self.settings, self.bootstrap, self.topics,
+                                 self.producer.timeout_s)
+            await self.producer.start()
+        except BaseException:
+            await self.producer.stop()  # no client left open behind a failed start
+            raise
+
+    async def stop(self) -> None:
+        await self.producer.stop()
 
     async def __aenter__(self) -> HostClient:
-        await self.producer.start()
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.producer.stop()
+        await self.stop()
 
     def session(self, session_id: str, user_id: str, agent_id: str = "agent",
                 workspace_id: str | None = None) -> HostSession:

@@ -12,12 +12,18 @@ newest checkpoint of the partition (its last record) and folds only the log afte
 fold is deterministic, so any host's checkpoint is valid for every host; one that does not
 fit (wrong version, topic, history bound, or a position past the log's end) is ignored and the
 whole log is folded, which is always correct.
+
+Outages: every wait on the broker is bounded by the producer's `timeout_s` (a read that makes
+no progress for that long too) and ends in BrokerUnavailable. A claim op whose write timed
+out may still reach the log when the broker is back; its packets are then this host's, and
+the session's next `claim_all` hands them out (see `claim_all`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,20 +39,29 @@ from mnemoflow.agents.inbox import (
     claim_pages,
     meta_from_headers,
     meta_of,
-    op_headers,
+    op_record,
     split_expired,
 )
 from mnemoflow.schemas.codec import DecodeError
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
-from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.producer import (
+    AvroProducer,
+    BrokerUnavailable,
+    TopicsMissing,
+    bounded,
+    present_topics_settled,
+    within,
+)
 from mnemoflow.streams.reader import topic_partitions
 
 log = logging.getLogger(__name__)
 
 INBOX_SCHEMA = "io.mnemoflow.InboxOp"
 CHECKPOINT_SCHEMA = "io.mnemoflow.InboxCheckpoint"
-CHECKPOINT_VERSION = 1
+# 2: folds that believe a fold header only when it is bound to its body. A version-1
+# checkpoint may hold a fold that believed a header its body contradicts: never restored.
+CHECKPOINT_VERSION = 2
 CHECKPOINT_EVERY = 2_000  # ops folded since the partition's last checkpoint
 CHECKPOINT_MAX_BYTES = 900_000  # under Kafka's default 1 MiB record limit; larger: not written
 
@@ -91,12 +106,15 @@ class InboxClient:
     """One per host process. It reads only the partitions of the sessions it serves."""
 
     def __init__(self, settings: Settings, bootstrap: str, producer: AvroProducer,
-                 checkpoints: bool = True) -> None:
-        """`checkpoints=False`: never read or write one (every rebuild folds the whole log)."""
+                 checkpoints: bool = True, timeout_s: float | None = None) -> None:
+        """`checkpoints=False`: never read or write one (every rebuild folds the whole log).
+        `timeout_s`: the bound on each wait on the broker; by default the producer's."""
         self.settings = settings
+        self.bootstrap = bootstrap
         self.topic = T.INBOX.name(settings)
         self.producer = producer
         self.registry = producer.registry
+        self.timeout_s = producer.timeout_s if timeout_s is None else timeout_s
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                           enable_auto_commit=False, auto_offset_reset="earliest",
                                           fetch_max_wait_ms=10,  # a claim waits on its own op
@@ -114,24 +132,54 @@ class InboxClient:
         self._folds: dict[int, _PartitionFold] = {}
         self.claimer_id = f"host-{uuid.uuid4().hex[:12]}"
         self._lock = asyncio.Lock()  # one reader of the shared consumer at a time
+        # claim ops written but not known to be settled, per session: (claim op id, packets)
+        self._unsettled: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
 
     async def start(self) -> None:
-        await self._consumer.start()
-        tps = await topic_partitions(self._consumer, self.topic)
-        self._parts = [tp.partition for tp in tps]
-        self._consumer.assign(tps)
-        await self._checkpoints.start()
-        if not self.use_checkpoints:
-            return
+        """TopicsMissing (one line, with the fix) when the inbox topic does not exist; a
+        missing checkpoint topic only turns checkpoints off (it is derived data)."""
         try:
-            ck = await topic_partitions(self._checkpoints, self.checkpoint_topic, attempts=10)
-            self._checkpoint_parts = {tp.partition for tp in ck}
-        except (KafkaError, LookupError) as exc:  # no checkpoint topic: every rebuild folds the whole log
-            log.warning("inbox checkpoints off: %s", exc)
+            await self._start()
+        except BaseException:
+            await self.stop()  # no client left open behind a failed start
+            raise
+
+    async def _start(self) -> None:
+        present = await present_topics_settled(
+            self.settings, self.bootstrap, [self.topic, self.checkpoint_topic], self.timeout_s)
+        if self.topic not in present:
+            raise TopicsMissing(self.bootstrap, [self.topic])
+        if self.use_checkpoints and self.checkpoint_topic not in present:
+            log.warning("inbox checkpoints off: topic %s does not exist (`mnemoflow topics "
+                        "create` makes it); every rebuild folds the whole log",
+                        self.checkpoint_topic)
+            self.use_checkpoints = False
+        async with within(self.bootstrap, "inbox client start", self.timeout_s):
+            await self._consumer.start()
+            tps = await topic_partitions(self._consumer, self.topic)
+            self._parts = [tp.partition for tp in tps]
+            self._consumer.assign(tps)
+            await self._checkpoints.start()
+            if not self.use_checkpoints:
+                return
+            try:
+                ck = await topic_partitions(self._checkpoints, self.checkpoint_topic, attempts=10)
+                self._checkpoint_parts = {tp.partition for tp in ck}
+            except (KafkaError, LookupError) as exc:  # deleted since the check: fold whole logs
+                log.warning("inbox checkpoints off: %s", exc)
 
     async def stop(self) -> None:
-        await self._consumer.stop()
-        await self._checkpoints.stop()
+        for consumer in (self._consumer, self._checkpoints):
+            try:
+                await consumer.stop()
+            except asyncio.CancelledError:
+                # aiokafka's fetcher, closing, re-raises the cancellation of a fetch it was
+                # retrying (the broker away at stop) and skips closing the connections
+                # (aiokafka issue 647); a cancellation of our own is passed on
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                await consumer._client.close()
 
     def partition_for(self, session_id: str) -> int:
         """The producer's default partitioner (murmur2), so we read where the worker wrote."""
@@ -146,7 +194,8 @@ class InboxClient:
         p = self.partition_for(session_id)
         tp = TopicPartition(self.topic, p)
         fold = self._folds.setdefault(p, _PartitionFold())
-        end = (await self._consumer.end_offsets([tp]))[tp]
+        end = (await bounded(self.bootstrap, f"end offset of {tp.topic}:{p}", self.timeout_s,
+                             lambda: self._consumer.end_offsets([tp])))[tp]
         if not fold.restored:
             fold.restored = True
             await self._restore(p, fold, end)
@@ -154,13 +203,18 @@ class InboxClient:
         if fold.position < target:
             self._consumer.seek(tp, fold.position)
         sessions, registry = fold.sessions, self.registry
+        progress = time.monotonic()
         while fold.position < target:
             batch = await self._consumer.getmany(tp, timeout_ms=500, max_records=10000)
             await asyncio.sleep(0)  # let the fetcher send the next fetch: it runs while we fold
+            if not batch.get(tp) and time.monotonic() - progress > self.timeout_s:
+                raise BrokerUnavailable.after(
+                    self.bootstrap, f"reading {tp.topic}:{p} from offset {fold.position} "
+                    f"(end {target})", progress)
             for m in batch.get(tp, ()):
-                meta = meta_from_headers(m.headers)
+                meta = meta_from_headers(m.headers, m.value)
                 packet: Any
-                if meta is None:  # an op written without headers: decode its body now
+                if meta is None:  # no header bound to this body: decode the body now
                     try:
                         _, op = self.registry.decode(m.value, INBOX_SCHEMA)
                     except DecodeError:
@@ -175,6 +229,7 @@ class InboxClient:
             if batch.get(tp):
                 fold.position = batch[tp][-1].offset + 1
                 fold.folded += len(batch[tp])
+                progress = time.monotonic()
         if fold.position - fold.checkpointed >= self.checkpoint_every:
             await self._write_checkpoint(p, fold)
         return fold.sessions.get(session_id, PendingState())
@@ -246,8 +301,8 @@ class InboxClient:
             log.warning("inbox checkpoint of partition %d not written: %s", p, exc)
 
     async def _write(self, op: dict[str, Any]) -> int:
-        md = await self.producer.send(self.topic, INBOX_SCHEMA, op["sessionId"], op,
-                                      op_headers(op))
+        value, headers = op_record(op, self.registry)
+        md = await self.producer.send_raw(self.topic, op["sessionId"].encode(), value, headers)
         return int(md.offset)
 
     async def pending(self, session_id: str, now_ms: int) -> list[dict[str, Any]]:
@@ -273,8 +328,19 @@ class InboxClient:
 
     async def claim_all(self, session_id: str, now_ms: int,
                         visible_digests: frozenset[str] = frozenset()) -> ClaimResult:
-        """Atomically claim every live pending packet of the session, FIFO."""
+        """Atomically claim every live pending packet of the session, FIFO.
+
+        If this raises after a claim op was sent (BrokerUnavailable, say), that op may still
+        reach the log, and its packets then belong to this host although nobody got them:
+        they stay remembered, and the session's next claim_all (from this client) waits for
+        the producer's queue to drain, then hands out first those that went to such a claim.
+        """
+        earlier = self._unsettled.get(session_id, [])
+        if earlier:
+            await self.producer.flush()  # each earlier claim op is in the log now, or never
         state = await self.sync(session_id)
+        recovered = [(cid, p) for cid, page in earlier for p in page
+                     if state.winner(p["packetId"]) == cid]
         live, dead = split_expired(state, now_ms)
         expired = tuple(p["packetId"] for p in dead)
         if expired:
@@ -286,17 +352,28 @@ class InboxClient:
         if visible:
             await self.remove(session_id, list(visible), now_ms, "already-visible")
         live = [p for p in live if p["packetId"] not in visible]
-        if not live:
-            return ClaimResult((), expired, (), visible)
         claim_ids, offset = [], -1
         for page in claim_pages([p["packetId"] for p in live]):
             claim_id = stable_id("op", "claim", self.claimer_id, uuid.uuid4().hex)
+            ids = set(page)
+            # remembered before the write: a write that raises may still land
+            self._unsettled.setdefault(session_id, []).append(
+                (claim_id, [p for p in live if p["packetId"] in ids]))
             offset = await self._write({
                 "opId": claim_id, "op": "claim", "sessionId": session_id, "eventTime": now_ms,
                 "packet": None, "packetIds": page, "claimer": self.claimer_id, "reason": None,
                 "authorisedBy": None})
             claim_ids.append(claim_id)
-        state = await self.sync(session_id, until_offset=offset)
-        won = tuple(p for p in live if state.winner(p["packetId"]) in claim_ids)
+        if claim_ids:
+            state = await self.sync(session_id, until_offset=offset)
+        self._unsettled.pop(session_id, None)  # every claim op above is settled: its result is ours
+        # a packet an earlier claim won is claimed, so it needs no expire or remove op
+        late = [p for _, p in recovered]
+        expired += tuple(p["packetId"] for p in late if p["expiry"] <= now_ms)
+        visible += tuple(p["packetId"] for p in late
+                         if p["expiry"] > now_ms and p["exactDigest"] in visible_digests)
+        won = tuple(p for p in late if p["packetId"] not in expired + visible) + tuple(
+            p for p in live if state.winner(p["packetId"]) in claim_ids)
         lost = tuple(p["packetId"] for p in live if state.winner(p["packetId"]) not in claim_ids)
-        return ClaimResult(won, expired, lost, visible, tuple(claim_ids))
+        ops = tuple(dict.fromkeys(cid for cid, _ in recovered)) + tuple(claim_ids)
+        return ClaimResult(won, expired, lost, visible, ops)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -64,21 +63,6 @@ async def _close(admin: AIOKafkaAdminClient) -> None:
         await admin.close()
     except Exception:
         pass
-
-
-async def require_topics(settings: Settings, bootstrap: str, names: Iterable[str],
-                         timeout: float = 15.0) -> None:
-    """PreflightError naming every missing topic (and `mnemoflow topics create`)."""
-    names = list(names)
-    admin = await connect(settings, bootstrap, timeout)
-    try:
-        have = await existing_partitions(admin, names)
-    finally:
-        await _close(admin)
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise PreflightError(f"{len(missing)} topic(s) missing on {bootstrap}: "
-                             f"{', '.join(missing)}; {CREATE_HINT}")
 
 
 async def check_catalogue(admin: AIOKafkaAdminClient, settings: Settings, bootstrap: str) -> None:

@@ -35,7 +35,7 @@ from mnemoflow.agents.evidence import EvidenceState
 from mnemoflow.agents.evidence import update as update_evidence
 from mnemoflow.agents.gate import GateState, decide
 from mnemoflow.agents.graph import GraphState
-from mnemoflow.agents.inbox import op_headers
+from mnemoflow.agents.inbox import op_record
 from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.recall import FaultyTier, TierSpec, recall
@@ -220,10 +220,13 @@ def _wire(pipe: Pipeline) -> None:
             except DecodeError as exc:
                 await to_dlq(ev, exc.reason, exc.detail, stage)
 
-    async def send(topic: str, schema: str, key: str, value: dict[str, Any],
-                   headers: list[tuple[str, bytes]] | None = None) -> None:
+    async def send(topic: str, schema: str, key: str, value: dict[str, Any]) -> None:
+        await send_encoded(topic, key, reg.encode(schema, value))
+
+    async def send_encoded(topic: str, key: str, value: bytes,
+                           headers: list[tuple[str, bytes]] | None = None) -> None:
         try:
-            await t[topic].send(key=key.encode(), value=reg.encode(schema, value), headers=headers)
+            await t[topic].send(key=key.encode(), value=value, headers=headers)
         except (MessageSizeTooLargeError, ProducerSendError) as exc:
             cause = exc if isinstance(exc, MessageSizeTooLargeError) else exc.__cause__
             if not isinstance(cause, MessageSizeTooLargeError):
@@ -355,8 +358,7 @@ def _wire(pipe: Pipeline) -> None:
                                    pipe.store.version, tun.rank)
         if out.inbox_op is not None:
             pipe.bump("packets")
-            await send("inbox", "io.mnemoflow.InboxOp", sid, out.inbox_op,
-                       op_headers(out.inbox_op))
+            await send_encoded("inbox", sid, *op_record(out.inbox_op, reg))
         await send("audit", "io.mnemoflow.AuditRecord", sid,
                    {**out.audit, "emitTime": out.audit.get("emitTime") or _now_ms()})
         broker_state[sid] = state.to_json()

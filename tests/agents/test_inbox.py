@@ -1,15 +1,22 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mnemoflow.agents.inbox import (
+    FOLD_HEADER,
+    OpMeta,
     PendingState,
+    _tag,
     apply,
     claim_pages,
     fold,
     meta_from_headers,
     meta_of,
     op_headers,
+    op_record,
     split_expired,
 )
+from mnemoflow.schemas.codec import default_registry
 
 
 def _packet(pid: str, digest: str | None = None, expiry: int = 10_000) -> dict:
@@ -64,12 +71,162 @@ def test_steer_is_tracked_until_claimed() -> None:
     assert st.steer == set()
 
 
+def _full_packet(pid: str, digest: str | None = None, expiry: int = 10_000,
+                 sid: str = "s") -> dict:
+    """A packet the InboxOp schema can encode (the fold-only tests above need less)."""
+    item = {"memoryId": f"m-{pid}", "kind": "segment", "text": f"memory {pid}", "scope": "User",
+            "owner": "u", "score": 1.0, "sourceSeq": 1, "sourceSessionId": "old",
+            "provenance": "old#1.0", "eventTime": 0, "digest": f"i-{pid}", "tiers": ["lexical"]}
+    return {"packetSchemaVersion": 1, "packetId": pid, "sessionId": sid, "requestId": f"r-{pid}",
+            "contextCursor": 1, "retrievalVersion": "lexical/gen1", "triggerReason": "test",
+            "strength": "soft_hint", "items": [item], "exactDigest": digest or f"d-{pid}",
+            "semanticDigest": "s", "sourceSeqs": [1], "budgetBytes": 16, "createdAt": 0,
+            "expiry": expiry}
+
+
+def _full_op(op: str, op_id: str, packet: dict | None = None, ids: list[str] | None = None,
+             sid: str = "s") -> dict:
+    return {**_op(op, op_id, packet, ids), "sessionId": sid, "reason": None, "authorisedBy": None}
+
+
+def _every_kind() -> list[dict]:
+    return [_full_op("inject", "i1", _full_packet("p1", "D", expiry=77)),
+            _full_op("steer", "s1", _full_packet("p2")), _full_op("claim", "c", ids=["p1", "p2"]),
+            _full_op("remove", "r", ids=["p3"]), _full_op("expire", "e", ids=[]),
+            _full_op("claim", "c8", ids=[f"p{i}" for i in range(8)]),
+            _full_op("inject", "i" * 70, _full_packet("p" * 70), sid="s" * 200)]  # long strings
+
+
 def test_headers_carry_the_fold_metadata_of_every_op_kind() -> None:
-    for op in (_op("inject", "i1", _packet("p1", "D", expiry=77)), _op("steer", "s1", _packet("p2")),
-               _op("claim", "c", ids=["p1", "p2"]), _op("remove", "r", ids=["p3"]),
-               _op("expire", "e", ids=[])):
-        assert meta_from_headers(op_headers(op)) == meta_of(op)
-    assert meta_from_headers(None) is None and meta_from_headers([("other", b"x")]) is None
+    for op in _every_kind():
+        value, headers = op_record(op)
+        assert meta_from_headers(headers, value) == meta_of(op), op["op"]
+        assert op_headers(op) == headers  # a writer that encodes the value itself
+    value, headers = op_record(_every_kind()[0])
+    assert meta_from_headers(None, value) is None and meta_from_headers(headers, None) is None
+    assert meta_from_headers([("other", b"x")], value) is None
+
+
+def test_a_claim_naming_many_packets_is_decoded_not_checked_id_by_id() -> None:
+    op = _full_op("claim", "c", ids=[f"p{i}" for i in range(9)])
+    assert meta_from_headers(op_record(op)[1], op_record(op)[0]) is None
+
+
+# -- a header that disagrees with its body ------------------------------------------------------
+
+_REG = default_registry()
+
+
+def _body(value: bytes) -> OpMeta:
+    return meta_of(_REG.decode(value, "io.mnemoflow.InboxOp")[1])
+
+
+def _fold_records(records: list[tuple[bytes, list[tuple[str, bytes]]]],
+                  read: Callable[[list[tuple[str, bytes]], bytes], OpMeta | None]) -> PendingState:
+    """The host's fold of a partition: the header when `read` believes it, else the body."""
+    st = PendingState()
+    for off, (value, headers) in enumerate(records):
+        m = read(headers, value) or _body(value)
+        st.apply_meta(m, (lambda v=value: _REG.decode(v)[1]["packet"]) if m.packet_id else None,
+                      off)
+    return st
+
+
+def _fields(headers: list[tuple[str, bytes]]) -> list[str]:
+    return headers[0][1].decode().split("\x1f")[:-1]  # without the tag
+
+
+def _tagged(fields: list[str], value: bytes) -> list[tuple[str, bytes]]:
+    """What a writer that computes the tag right over fields it got wrong would write."""
+    text = "\x1f".join(fields).encode()
+    return [(FOLD_HEADER, text + b"\x1f" + _tag(text, value))]
+
+
+def _swap(f: list[str]) -> list[str]:
+    return [f[1], f[0], *f[2:]]
+
+
+# each: what one buggy or foreign writer puts in the header of a record
+BAD_HEADERS: dict[str, Callable[[list[tuple[str, bytes]], bytes], list[tuple[str, bytes]]]] = {
+    "kind and op id swapped, tagged": lambda h, v: _tagged(_swap(_fields(h)), v),
+    "kind and op id swapped, old tag kept": lambda h, v: [
+        (FOLD_HEADER, "\x1f".join(_swap(_fields(h))).encode() + h[0][1][-25:])],
+    "kind and op id swapped, untagged mf-fold": lambda h, v: [
+        ("mf-fold", "\x1f".join(_swap(_fields(h))).encode())],
+    "kind and op id swapped, untagged, under the tagged key": lambda h, v: [
+        (FOLD_HEADER, "\x1f".join(_swap(_fields(h))).encode())],
+    "truncated": lambda h, v: [(FOLD_HEADER, h[0][1][:len(h[0][1]) // 2])],
+    "packet ids cut off, tagged": lambda h, v: _tagged(_fields(h)[:6], v),
+    "kind says inject": lambda h, v: _tagged(["inject", *_fields(h)[1:]], v),
+    "kind says claim": lambda h, v: _tagged(["claim", *_fields(h)[1:]], v),
+    "another op id": lambda h, v: _tagged([_fields(h)[0], "op-x", *_fields(h)[2:]], v),
+    "another session": lambda h, v: _tagged([*_fields(h)[:2], "s-other", *_fields(h)[3:]], v),
+    "another packet id": lambda h, v: _tagged(
+        [*_fields(h)[:3], "p9" if _fields(h)[3] else "", *_fields(h)[4:6], "p9"], v),
+    "expiry and digest changed, old tag kept": lambda h, v: [(FOLD_HEADER, "\x1f".join(
+        [*_fields(h)[:4], "X", "1", *_fields(h)[6:]]).encode() + h[0][1][-25:])],
+}
+
+
+def _log() -> list[dict]:
+    """Two claimers and a late re-inject: which claim op names which packet decides it all."""
+    return [_full_op("inject", "i1", _full_packet("p1")), _full_op("inject", "i2", _full_packet("p2")),
+            _full_op("steer", "s3", _full_packet("p3")), _full_op("claim", "cA", ids=["p1"]),
+            _full_op("claim", "cB", ids=["p1", "p2"]), _full_op("expire", "e", ids=["p3"]),
+            _full_op("inject", "i4", _full_packet("p4", digest="d-p1")),  # p1's digest: claimed
+            _full_op("inject", "i5", _full_packet("p5", expiry=5)),
+            _full_op("remove", "r", ids=["p5"]), _full_op("inject", "i6", _full_packet("p6"))]
+
+
+def _naive(headers: list[tuple[str, bytes]], value: bytes) -> OpMeta | None:
+    """A reader that believes any header's fields (what the fold must never be)."""
+    for key, raw in headers:
+        if key in (FOLD_HEADER, "mf-fold"):
+            f = raw.decode(errors="replace").split("\x1f")
+            try:
+                return OpMeta(f[1], f[0], f[2], f[3] or None, f[4] or None, int(f[5]),
+                              tuple(f[6:]))
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def test_a_header_that_disagrees_with_its_body_does_not_change_the_fold() -> None:
+    """Swapped, truncated or lying headers on every record: the fold equals the fold of the
+    bodies alone, field by field (and a reader that believed them would differ)."""
+    good = [op_record(op) for op in _log()]
+    body_only = _view(_fold_records(good, lambda h, v: None))
+    assert _view(_fold_records(good, meta_from_headers)) == body_only
+    for name, bad in BAD_HEADERS.items():
+        records = [(v, bad(h, v)) for v, h in good]
+        assert _view(_fold_records(records, meta_from_headers)) == body_only, name
+        assert any(_naive(h, v) != _body(v) for v, h in records), name  # it does lie
+        for v, h in records:  # believed only where the bad header happens to say the truth
+            assert meta_from_headers(h, v) in (None, _body(v)), (name, _body(v))
+    believed = [(v, BAD_HEADERS["kind and op id swapped, tagged"](h, v)) for v, h in good]
+    assert _view(_fold_records(believed, _naive)) != body_only  # the test has teeth
+
+
+def test_a_swapped_claim_header_cannot_give_one_packet_to_two_claimers() -> None:
+    """The reported case: host A's claim op carries kind and op id swapped; the fold must
+    still give the packet to A, so host B's claim finds nothing pending."""
+    inject = op_record(_full_op("inject", "i1", _full_packet("p1")))
+    value, headers = op_record(_full_op("claim", "claim-by-A", ids=["p1"]))
+    for bad in (BAD_HEADERS["kind and op id swapped, untagged mf-fold"],
+                BAD_HEADERS["kind and op id swapped, tagged"]):
+        st = _fold_records([inject, (value, bad(headers, value))], meta_from_headers)
+        assert st.pending_ids() == [] and st.winner("p1") == "claim-by-A"
+        st.apply_meta(meta_of(_full_op("claim", "claim-by-B", ids=["p1"])), None, 2)
+        assert st.winner("p1") == "claim-by-A"
+
+
+def test_a_header_of_another_record_or_of_older_code_is_not_believed() -> None:
+    (v1, h1), (v2, h2) = (op_record(op) for op in _log()[:2])
+    assert meta_from_headers(h2, v1) is None and meta_from_headers(h1, v2) is None
+    assert meta_from_headers(h1, v1[:-1]) is None  # the value truncated
+    untagged = "\x1f".join(_fields(h1)).encode()  # true fields, but no tag: older code
+    assert meta_from_headers([("mf-fold", untagged)], v1) is None
+    assert meta_from_headers([(FOLD_HEADER, untagged)], v1) is None
 
 
 def test_a_rebuild_decodes_only_the_packets_still_pending() -> None:

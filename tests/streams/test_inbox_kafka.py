@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from test_topology_kafka import MANIFEST, _ask, _start, _two_phase, _wait_gate
 
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.inbox import InboxClient
@@ -287,3 +290,46 @@ async def test_a_checkpoint_that_does_not_fit_the_log_is_ignored(topics, kafka_b
                 await _close(*c)
     finally:
         await _close(prod, first)
+
+
+def _swapped_headers(op: dict, value: bytes) -> list[list[tuple[str, bytes]]]:
+    """Fold headers another host's writer got wrong, kind and op id swapped: without a tag
+    (the key that writer used), and with a tag computed right over the wrong fields."""
+    fields = [op["opId"], op["op"], op["sessionId"], "", "", "0", *op["packetIds"]]
+    text = "\x1f".join(fields).encode()
+    h = hashlib.blake2b(text, digest_size=12)  # agents.inbox's tag, written from its description
+    h.update(value)
+    return [[("mf-fold", text)], [("mf-fold2", text + b"\x1f" + h.hexdigest().encode())]]
+
+
+async def test_a_claim_op_with_a_swapped_header_still_takes_its_packet(topics, kafka_bootstrap):
+    """The reported case: host A (not this SDK) claims a packet with a header whose kind and
+    op id are swapped; a Python host's claim_all must not get that packet again."""
+    s, bs = topics, kafka_bootstrap
+    reg = default_registry()
+    raw = AIOKafkaProducer(bootstrap_servers=bs, enable_idempotence=True, acks="all",
+                           **s.client_kwargs())
+    await raw.start()
+    sessions = []
+    try:
+        for variant in range(2):
+            sid = f"sW{variant}"
+            pk = _packet(sid, 1)
+            await _inject(s, bs, [pk])
+            claim = {"opId": f"claim-by-A-{variant}", "op": "claim", "sessionId": sid,
+                     "eventTime": T0, "packet": None, "packetIds": [pk["packetId"]],
+                     "claimer": "host-A", "reason": None, "authorisedBy": None}
+            value = reg.encode("io.mnemoflow.InboxOp", claim)
+            await raw.send_and_wait(T.INBOX.name(s), value, key=sid.encode(),
+                                    headers=_swapped_headers(claim, value)[variant])
+            sessions.append((sid, pk["packetId"], claim["opId"]))
+    finally:
+        await raw.stop()
+    prod, inbox = await _client(s, bs)
+    try:
+        for sid, pid, claim_id in sessions:
+            got = await inbox.claim_all(sid, T0 + 1)
+            assert [p["packetId"] for p in got.packets] == [], sid  # never a second claimer
+            assert (await inbox.sync(sid)).winner(pid) == claim_id
+    finally:
+        await _close(prod, inbox)
