@@ -1,6 +1,8 @@
 """Issue 3 bench: event->packet latency and topology throughput, as ratios to raw Kafka.
 
 Run: .venv/bin/python bench/bench_topology.py [--questions 100 --events 3000]
+Against KAFKA_BOOTSTRAP or the running local broker; with neither, it starts the local broker
+and stops it again on the way out.
 Figures are printed, never asserted. Baselines are measured on the same broker in the
 same run: a raw produce->consume round trip, and a raw consume->produce passthrough.
 """
@@ -10,13 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from common import bench_settings, broker, fmt, now_ms, pct, peak_rss_mib, start_worker, write_results
+from common import bench_settings, fmt, kafka_broker, now_ms, pct, peak_rss_mib, start_worker, write_results
 
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics, group_stable
@@ -235,8 +238,20 @@ async def burst(bootstrap: str, topic: str, records: list[dict]) -> None:
 
 
 async def main(args: argparse.Namespace) -> dict:
+    # Ctrl-C already cancels this task (asyncio.run does); SIGTERM (a `timeout`, a stopped CI
+    # job) does the same here instead of killing the process, so the finally blocks below
+    # still stop the worker, the faust floor and a broker this run started
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    with kafka_broker(bench_settings("topo")) as bootstrap:
+        out = await measure(args, bootstrap)
+    write_results("bench_topology", out)
+    return out
+
+
+async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
     s = bench_settings("topo")
-    bootstrap, started = broker(s)
     await create_topics(s, bootstrap)
     raw_topic = s.topic("dead-letter")  # an idle topic of ours for the raw baselines
     out: dict = {}
@@ -268,6 +283,8 @@ async def main(args: argparse.Namespace) -> dict:
     proc = start_worker(s, bootstrap)
     try:
         while not await group_stable(s, bootstrap, s.app_id):
+            if proc.poll() is not None:  # else a worker that died at start is waited for forever
+                raise RuntimeError(f"worker exited {proc.returncode}; see {s.home / 'worker.log'}")
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
         async with HostClient(s, bootstrap) as host:
@@ -339,11 +356,6 @@ async def main(args: argparse.Namespace) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
-        if started:
-            from mnemoflow.streams.kafka_local import LocalKafka
-
-            LocalKafka(s).down()
-    write_results("bench_topology", out)
     return out
 
 
@@ -352,4 +364,7 @@ if __name__ == "__main__":
     ap.add_argument("--questions", type=int, default=100)
     ap.add_argument("--events", type=int, default=2000)
     ap.add_argument("--raw", type=int, default=300)
-    asyncio.run(main(ap.parse_args()))
+    try:
+        asyncio.run(main(ap.parse_args()))
+    except asyncio.CancelledError:  # SIGTERM, after the cleanup above: exit as a killed process
+        sys.exit(128 + signal.SIGTERM)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +28,64 @@ def bench_settings(name: str, **kw: object) -> Settings:
                                home=base.home / "bench" / tag, **kw)
 
 
-def broker(settings: Settings) -> tuple[str, bool]:
-    """(bootstrap, started_here): KAFKA_BOOTSTRAP, the running local broker, or a new one."""
+def _our_child(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # raises unless pid is our child; a running one is left be
+    except ChildProcessError:
+        return False
+    return True
+
+
+class StartedBroker:
+    """A local broker this process started, and so the only one it may stop."""
+
+    def __init__(self, kafka: LocalKafka, pid: int) -> None:
+        self.kafka, self.pid = kafka, pid
+
+    def stop(self) -> None:
+        """Stop it if it is still ours: after a crash someone may have started another
+        broker under the same home, and that one is not ours to stop. Idempotent."""
+        st = self.kafka.status()
+        if st is not None and st.pid == self.pid:
+            self.kafka.down()
+
+
+def _acquire(settings: Settings) -> tuple[str, StartedBroker | None]:
     if settings.bootstrap:
-        return settings.bootstrap, False
+        return settings.bootstrap, None
+    # the user's broker (the one `mnemoflow kafka up` manages, under MNEMOFLOW_HOME), not one
+    # under the bench's own per-run home: a running one is reused and never stopped here
     k = LocalKafka(settings.with_overrides(home=Settings().home))
     running = k.status()
     if running:
-        return running.bootstrap, False
-    return k.up().bootstrap, True
+        return running.bootstrap, None
+    st = k.up()
+    # up() also returns a broker that another process started since status() above; only
+    # our own child is ours to stop
+    return st.bootstrap, StartedBroker(k, st.pid) if _our_child(st.pid) else None
+
+
+@contextmanager
+def kafka_broker(settings: Settings) -> Iterator[str]:
+    """The bootstrap to bench against: KAFKA_BOOTSTRAP, the running local broker, or a new
+    one. A broker started here is stopped on the way out, whichever way that is (return,
+    exception, Ctrl-C, a cancelled task); one that was already there is left running."""
+    bootstrap, started = _acquire(settings)
+    try:
+        yield bootstrap
+    finally:
+        if started is not None:
+            started.stop()
+
+
+def broker(settings: Settings) -> tuple[str, bool]:
+    """(bootstrap, started_here), like kafka_broker() for callers without a `with` block: a
+    broker started here is stopped when the process exits (atexit: a normal exit, an
+    uncaught exception or Ctrl-C; not SIGTERM or SIGKILL). Prefer kafka_broker()."""
+    bootstrap, started = _acquire(settings)
+    if started is not None:
+        atexit.register(started.stop)
+    return bootstrap, started is not None
 
 
 def start_worker(settings: Settings, bootstrap: str) -> subprocess.Popen:

@@ -233,13 +233,17 @@ class LocalKafka:
         self.state_file.write_text(json.dumps(state.__dict__))
         print(f"kafka starting (pid {proc.pid}) at {state.bootstrap}, log {self.log_file}", flush=True)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise KafkaSetupError(f"kafka exited with {proc.returncode}; see {self.log_file}")
-            if _run_sync(cluster_ready(state.bootstrap, {})):
-                print(f"kafka ready at {state.bootstrap}", flush=True)
-                return state
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise KafkaSetupError(f"kafka exited with {proc.returncode}; see {self.log_file}")
+                if _run_sync(cluster_ready(state.bootstrap, {})):
+                    print(f"kafka ready at {state.bootstrap}", flush=True)
+                    return state
+                time.sleep(0.5)
+        except BaseException:  # Ctrl-C or an error while waiting: no broker left behind
+            self.down()
+            raise
         self.down()
         raise KafkaSetupError(f"kafka did not become ready in {timeout:.0f}s; see {self.log_file}")
 

@@ -16,7 +16,12 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+)
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 from tenacity.wait import wait_base
 
@@ -29,6 +34,8 @@ T = TypeVar("T")
 
 BROKER_TIMEOUT_S = 30.0  # longest a host call waits for the broker, retries included
 CREATE_HINT = "run `mnemoflow topics create`"
+# an idempotent session the broker no longer accepts: only a new producer id helps
+BROKEN_SESSION = (OutOfOrderSequenceNumber, InvalidProducerEpoch)
 RECHECK_S = 1.0  # how long a missing topic is looked for again before it counts as missing
 
 
@@ -57,6 +64,12 @@ class TopicsMissing(LookupError):
         super().__init__(f"{len(names)} topic(s) missing on {bootstrap}: {', '.join(names)}; "
                          f"{CREATE_HINT}")
         self.names = names
+
+
+class SessionReplaced(KafkaError):
+    """The send failed on a broken idempotent session, which was replaced: send again."""
+
+    retriable = True
 
 
 def transient(exc: BaseException) -> bool:
@@ -160,13 +173,35 @@ class AvroProducer:
         self.bootstrap = bootstrap
         self.registry = registry or default_registry()
         self.timeout_s = timeout_s = settings.host_timeout_s if timeout_s is None else timeout_s
-        # with idempotence aiokafka never expires a queued batch, so the bound is ours; its
-        # own waits (metadata, one request) end within it too, and a request that times out
-        # is retried with the same sequence number, so it is never written twice
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
-            linger_ms=0, request_timeout_ms=max(1000, int(timeout_s * 1000)),
-            **settings.client_kwargs())
+        self._producer = self._new_producer()
+        self._generation = 0  # bumped each time a broken idempotent session is replaced
+        self._replacing = asyncio.Lock()
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        # the bound is ours (BrokerUnavailable); the client's own waits (metadata, one
+        # request) end within it too, and a request that times out is retried with the same
+        # sequence number, so it is never written twice
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, enable_idempotence=True, acks="all",
+            linger_ms=0, request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+            **self.settings.client_kwargs())
+
+    async def _replace(self, generation: int, exc: KafkaError) -> None:
+        """A new idempotent session after the old one broke its sequence. aiokafka fails a
+        batch that waited past request_timeout_ms for a partition with no leader (a broker
+        restarting) after giving it a sequence number it never sends; the broker then
+        refuses every later batch of that partition as out of order, for as long as the
+        producer lives (aiokafka issue 1017). A new producer id starts the sequences anew."""
+        async with self._replacing:
+            if generation != self._generation:
+                return  # another send replaced it already
+            log.warning("producer session broken (%s: %s): starting a new one",
+                        type(exc).__name__, exc)
+            old, self._producer = self._producer, self._new_producer()
+            self._generation += 1
+            await self._give_up_queued(BrokerUnavailable(f"replaced after {exc!r}"), old)
+            await old.stop()
+            await self._producer.start()
 
     async def start(self) -> None:
         await bounded(self.bootstrap, "producer start", self.timeout_s, self._producer.start,
@@ -187,17 +222,19 @@ class AvroProducer:
             await self._give_up_queued(exc)
         await self._producer.stop()
 
-    async def _give_up_queued(self, exc: BrokerUnavailable) -> None:
+    async def _give_up_queued(self, exc: BrokerUnavailable,
+                              producer: AIOKafkaProducer | None = None) -> None:
         """Fail every queued record. aiokafka has no call for this (its stop waits for them
         as long as the broker is away), so: end its sender (a request in flight ends within
         request_timeout_ms, the bound), then fail what is left. A batch that was sent and
         re-queued carries a done-callback that removes it from the in-flight set, so it goes
         back there first; otherwise that callback raises."""
-        task = self._producer._sender.sender_task
+        producer = producer or self._producer
+        task = producer._sender.sender_task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait([task], timeout=self.timeout_s + 1)
-        acc = self._producer._message_accumulator
+        acc = producer._message_accumulator
         left = [b for batches in acc._batches.values() for b in batches]
         acc._pending_batches.update(b for b in left if b.retry_count)
         left += acc._pending_batches
@@ -220,10 +257,16 @@ class AvroProducer:
         """Send and wait for the broker's ack, retrying transient errors, within the bound.
         `partition`: only for records that must sit next to another topic's partition
         (inbox checkpoints)."""
-        return await bounded(
-            self.bootstrap, f"send to {topic}", self.timeout_s,
-            lambda: self._producer.send_and_wait(topic, value, key=key, headers=headers,
-                                                 partition=partition))
+        async def once() -> Any:
+            generation = self._generation
+            try:
+                return await self._producer.send_and_wait(topic, value, key=key,
+                                                          headers=headers, partition=partition)
+            except BROKEN_SESSION as exc:
+                await self._replace(generation, exc)
+                raise SessionReplaced(str(exc)) from exc  # retried on the new producer
+
+        return await bounded(self.bootstrap, f"send to {topic}", self.timeout_s, once)
 
     async def send(self, topic: str, schema: str, key: str, record: dict[str, Any],
                    headers: list[tuple[str, bytes]] | None = None,

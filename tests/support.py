@@ -15,8 +15,13 @@ from mnemoflow.streams.config import Settings
 
 
 def isolated_settings(tmp: Path, name: str, **kw: object) -> Settings:
-    """Own topic prefix, app id and home: tests never see each other's records or state."""
+    """Own topic prefix, app id and home: tests never see each other's records or state.
+
+    Recall waits up to 30 s (not 2) for the memory-log projection: the tests check what recall
+    answers, and a restarted worker refolding the log on a loaded machine (other tests, a CI
+    neighbour) can take longer than 2 s, after which recall would answer from a partial store."""
     tag = f"{name}-{uuid.uuid4().hex[:8]}"
+    kw.setdefault("barrier_timeout_s", 30.0)
     return Settings(home=tmp / tag, topic_prefix=f"t.{tag}.", app_id=f"app-{tag}",
                     partitions=int(kw.pop("partitions", 4)), store=str(kw.pop("store", "memory://")),
                     bootstrap=None, **kw)  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     NotEnoughReplicasError,
     NotLeaderForPartitionError,
+    OutOfOrderSequenceNumber,
     RequestTimedOutError,
     TopicAuthorizationFailedError,
 )
@@ -239,3 +240,71 @@ async def test_a_send_during_an_outage_raises_broker_unavailable_within_the_boun
         await inbox.stop()
         await host.stop()  # the queued record: a flush within the bound, then given up
     assert time.monotonic() - t0 < 2 * BOUND + SLACK
+
+
+async def test_a_broken_idempotent_session_is_replaced_and_the_send_goes_through(
+        monkeypatch) -> None:
+    """OutOfOrderSequenceNumber never heals in the producer that got it (aiokafka issue
+    1017): the send is made again on a new producer."""
+    made: list[_Flaky] = []
+
+    def new_producer(self: AvroProducer) -> Any:
+        made.append(_Replaceable([OutOfOrderSequenceNumber()] if not made else []))
+        return made[-1]
+
+    monkeypatch.setattr(AvroProducer, "_new_producer", new_producer)
+    producer = AvroProducer(Settings(), "127.0.0.1:9", timeout_s=10)
+    assert await producer.send_raw("t", b"k", b"v") == "ack"
+    assert [p.calls for p in made] == [1, 1]
+    assert made[0].stopped and made[1].started
+
+
+class _Replaceable(_Flaky):
+    """A _Flaky with what AvroProducer touches when it replaces a producer."""
+
+    def __init__(self, errors: list[Exception]) -> None:
+        super().__init__(errors)
+        self.started = self.stopped = False
+        self._sender = type("Sender", (), {"sender_task": None})()
+        self._message_accumulator = type("Acc", (), {
+            "_batches": {}, "_pending_batches": set(), "fail_all": lambda self, exc: None})()
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_host_keeps_sending_after_the_broker_restarts(own_broker, tmp_path) -> None:
+    """Sends that wait out a restart with no partition leader used to leave the host's
+    producer refusing every later send with OutOfOrderSequenceNumber, until the host
+    restarted (seen in 8 of 8 broker-restart drills of bench/fault_campaign.py)."""
+    s, bs, _ = await _up(own_broker, tmp_path, "restart-send")
+    producer = AvroProducer(s, bs, timeout_s=BOUND + 1)
+    await producer.start()
+    topic = T.SESSION_EVENTS.name(s)
+    try:
+        await producer.send_raw(topic, b"k", b"before")
+        stop = asyncio.Event()
+
+        async def pump() -> None:  # the host goes on sending through the outage
+            while not stop.is_set():
+                try:
+                    await producer.send_raw(topic, b"k", b"during")
+                except BrokerUnavailable:
+                    pass
+                await asyncio.sleep(0.3)
+
+        task = asyncio.create_task(pump())
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(own_broker.down)
+        await asyncio.sleep(BOUND + 2)
+        await asyncio.to_thread(own_broker.up)
+        await asyncio.sleep(3)
+        stop.set()
+        await task
+        for i in range(5):
+            await producer.send_raw(topic, b"k", f"after {i}".encode())
+    finally:
+        await producer.stop()
