@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.topics import CATALOGUE, TopicSpec
+
+VISIBLE_TIMEOUT_S = 15.0  # longest wait for a topic the controller knows to be listed
 
 
 class TopicMismatch(RuntimeError):
@@ -75,9 +79,25 @@ async def create_topics(
                     result[name] = "exists"
                 elif code != 0:
                     raise TopicMismatch(f"creating {name} failed with error code {code}")
+            await wait_listed(admin, [t.name for t in missing])
         return result
     finally:
         await admin.close()
+
+
+async def wait_listed(admin: AIOKafkaAdminClient, names: list[str],
+                      timeout: float = VISIBLE_TIMEOUT_S) -> dict[str, int]:
+    """Wait until the broker lists and describes `names` (their partition counts then).
+
+    A created topic is known to the controller at once but to a broker only when its metadata
+    has caught up, which takes a moment more on a broker that has just started: a worker
+    started right after `topics create` would otherwise find its topics missing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        have = await existing_partitions(admin, names)
+        if len(have) == len(set(names)) or time.monotonic() > deadline:
+            return have
+        await asyncio.sleep(0.2)
 
 
 async def describe_topics(settings: Settings, bootstrap: str) -> list[TopicInfo]:

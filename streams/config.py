@@ -136,9 +136,10 @@ class Settings:
     # a SIGTERM stops the worker within this, even with a record in flight or no broker
     shutdown_timeout_s: float = field(
         default_factory=lambda: env_float("MNEMOFLOW_SHUTDOWN_TIMEOUT_S", 10.0, minimum=1.0))
-    # an agent that crashes more often than this is not restarted: the worker exits
-    agent_max_restarts: int = field(
-        default_factory=lambda: env_int("MNEMOFLOW_AGENT_MAX_RESTARTS", 3, minimum=0))
+    # a record that fails for no fault of its own (the broker, a table) is tried again this
+    # many times, with a back-off, before the worker stops
+    agent_max_retries: int = field(
+        default_factory=lambda: env_int("MNEMOFLOW_AGENT_MAX_RETRIES", 5, minimum=0))
     # how long a worker or a command tries to reach the broker before it says it cannot
     connect_timeout_s: float = field(
         default_factory=lambda: env_float("MNEMOFLOW_CONNECT_TIMEOUT_S", 30.0, minimum=0.5))

@@ -134,6 +134,7 @@ class InboxClient:
         self._lock = asyncio.Lock()  # one reader of the shared consumer at a time
         # claim ops written but not known to be settled, per session: (claim op id, packets)
         self._unsettled: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+        self._claiming: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         """TopicsMissing (one line, with the fix) when the inbox topic does not exist; a
@@ -334,7 +335,15 @@ class InboxClient:
         reach the log, and its packets then belong to this host although nobody got them:
         they stay remembered, and the session's next claim_all (from this client) waits for
         the producer's queue to drain, then hands out first those that went to such a claim.
+        Two calls for one session from this client run one after the other (both would
+        otherwise hand out those packets).
         """
+        lock = self._claiming.setdefault(session_id, asyncio.Lock())
+        async with lock:
+            return await self._claim_all(session_id, now_ms, visible_digests)
+
+    async def _claim_all(self, session_id: str, now_ms: int,
+                         visible_digests: frozenset[str]) -> ClaimResult:
         earlier = self._unsettled.get(session_id, [])
         if earlier:
             await self.producer.flush()  # each earlier claim op is in the log now, or never

@@ -65,13 +65,18 @@ def drop_local_state(tabledir: Path, why: str) -> None:
 
 # -- bounded shutdown ------------------------------------------------------------------------
 
+def _exit_now(code: int) -> None:
+    logging.shutdown()  # flush what the log holds: the process ends without its atexit hooks
+    os._exit(code)
+
+
 @dataclass
 class Watchdog:
     """Ends the process if a stop takes longer than its bound: a stop waits for the broker
     (commits, leaving the group), and a broker that is away would make it wait forever."""
 
     timeout_s: float
-    exit: Callable[[int], None] = os._exit
+    exit: Callable[[int], None] = field(default=lambda code: _exit_now(code))
     _timer: threading.Timer | None = None
 
     def arm(self, code: int, why: str) -> None:
@@ -83,7 +88,6 @@ class Watchdog:
 
     def _fire(self, code: int, why: str) -> None:
         log.error("worker did not stop within %.0fs after %s: exiting now", self.timeout_s, why)
-        logging.shutdown()
         self.exit(code)
 
     def disarm(self) -> None:
@@ -95,27 +99,33 @@ class Watchdog:
 
 @dataclass
 class CrashLimit:
-    """Counts each agent's crashes; past `max_restarts` the worker must stop, because a worker
-    that keeps running without one of its stages loses that stage's work without a sign."""
+    """Counts each agent's failures in a row; past `max_retries` the worker must stop, because
+    a worker that keeps running without one of its stages loses that stage's work without a
+    sign. A success resets the count: an agent that fails now and then is not stopped."""
 
-    max_restarts: int
-    crashes: dict[str, int] = field(default_factory=dict)
+    max_retries: int
+    failures: dict[str, int] = field(default_factory=dict)
     fatal: str | None = None
 
-    def crashed(self, agent: str, exc: BaseException) -> bool:
-        """Record a crash; True when it is one too many."""
-        n = self.crashes[agent] = self.crashes.get(agent, 0) + 1
-        if n > self.max_restarts and self.fatal is None:
-            self.fatal = (f"agent {agent} crashed {n} times (limit "
-                          f"MNEMOFLOW_AGENT_MAX_RESTARTS={self.max_restarts}); last: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    def failed(self, agent: str, exc: BaseException) -> bool:
+        """Record a failure; True when it is one too many (said once)."""
+        n = self.failures[agent] = self.failures.get(agent, 0) + 1
+        if n > self.max_retries and self.fatal is None:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self.fatal = (f"agent {agent} failed {n} times in a row (limit "
+                          f"MNEMOFLOW_AGENT_MAX_RETRIES={self.max_retries}); last: "
+                          f"{type(exc).__name__}: {first}")
             return True
         return False
+
+    def succeeded(self, agent: str) -> None:
+        self.failures.pop(agent, None)
 
 
 # -- health ----------------------------------------------------------------------------------
 
 STALE_AFTER_S = 15.0  # a health file older than this belongs to a stuck or dead worker
+MAX_TEMPLATES = 10_000  # distinct message templates a RepeatFilter remembers
 
 
 @dataclass
@@ -163,6 +173,8 @@ def read_health(home: Path, app_id: str, now: float | None = None) -> list[dict[
             os.kill(int(h["pid"]), 0)
         except (OSError, ValueError, KeyError):
             continue
+        if h.get("app", app_id) != app_id:  # the glob also matches app ids with dots
+            continue
         h["fresh"] = now - float(h.get("updated", 0)) < STALE_AFTER_S
         out.append(h)
     return out
@@ -186,6 +198,9 @@ class RepeatFilter(logging.Filter):
             return True  # tracebacks are rare and each one matters
         key = (record.name, str(record.msg))
         now = self.clock()
+        if len(self._last) > MAX_TEMPLATES:  # pre-formatted messages are each their own key
+            self._last.clear()
+            self._held.clear()
         last = self._last.get(key)
         if last is not None and now - last < self.every_s:
             self._held[key] = self._held.get(key, 0) + 1
@@ -197,9 +212,9 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def limit_repeats(every_s: float = 30.0) -> RepeatFilter:
-    """Install one RepeatFilter on every handler of the root logger."""
-    flt = RepeatFilter(every_s)
+def limit_repeats(every_s: float = 30.0) -> None:
+    """A RepeatFilter of its own on every handler of the root logger that has none (one filter
+    shared by two handlers would take the second handler's copy of a line for a repeat)."""
     for handler in logging.getLogger().handlers:
-        handler.addFilter(flt)
-    return flt
+        if not any(isinstance(f, RepeatFilter) for f in handler.filters):
+            handler.addFilter(RepeatFilter(every_s))

@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
-from mnemoflow.streams.admin import admin_client, existing_partitions
+from mnemoflow.streams.admin import admin_client, existing_partitions, wait_listed
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.topics import CATALOGUE
 
 CREATE_HINT = "run `mnemoflow topics create`"
+MISSING_GRACE_S = 5.0  # how long a missing catalogue topic is looked for again
 
 
 class PreflightError(RuntimeError):
@@ -67,7 +69,9 @@ async def _close(admin: AIOKafkaAdminClient) -> None:
 
 async def check_catalogue(admin: AIOKafkaAdminClient, settings: Settings, bootstrap: str) -> None:
     names = {s.name(settings): s.partitions or settings.partitions for s in CATALOGUE}
-    have = await existing_partitions(admin, list(names))
+    # a moment's grace: topics created just before (by `topics create`, or the demo) reach
+    # the broker's metadata a little after the controller's answer
+    have = await wait_listed(admin, list(names), MISSING_GRACE_S)
     missing = [n for n in names if n not in have]
     if missing:
         raise PreflightError(f"{len(missing)} topic(s) missing on {bootstrap}: "
@@ -118,16 +122,21 @@ class ClusterView:
 
 async def worker_preflight(settings: Settings, bootstrap: str, internal: list[InternalTopic],
                            timeout: float = 30.0) -> ClusterView:
-    """Everything a worker checks before faust starts; PreflightError on the first failure."""
+    """Everything a worker checks before faust starts; PreflightError on the first failure
+    (a broker that stops answering half way is one too)."""
     admin = await connect(settings, bootstrap, timeout)
     try:
         await check_catalogue(admin, settings, bootstrap)
         created = await ensure_internal(admin, internal, timeout)
         cluster = await admin.describe_cluster()
+        ends = await asyncio.wait_for(end_offsets(settings, bootstrap, internal), timeout)
+    except PreflightError:
+        raise
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise unreachable(bootstrap, exc) from exc
     finally:
         await _close(admin)
-    return ClusterView(str(cluster.get("cluster_id") or ""), created,
-                       await end_offsets(settings, bootstrap, internal))
+    return ClusterView(str(cluster.get("cluster_id") or ""), created, ends)
 
 
 async def end_offsets(settings: Settings, bootstrap: str,
@@ -138,8 +147,8 @@ async def end_offsets(settings: Settings, bootstrap: str,
         return {}
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 **settings.client_kwargs())
-    await consumer.start()
     try:
+        await consumer.start()
         tps = [TopicPartition(t.name, p) for t in topics for p in range(t.partitions)]
         ends = await consumer.end_offsets(tps)
         return {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}

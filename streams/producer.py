@@ -197,11 +197,18 @@ class AvroProducer:
                 return  # another send replaced it already
             log.warning("producer session broken (%s: %s): starting a new one",
                         type(exc).__name__, exc)
-            old, self._producer = self._producer, self._new_producer()
+            new = self._new_producer()
+            try:  # started before it is used: a failed start leaves the old one in place
+                await bounded(self.bootstrap, "producer restart", self.timeout_s, new.start,
+                              wait_exponential(multiplier=0.2, max=3))
+            except BaseException:
+                await new.stop()
+                raise
+            old, self._producer = self._producer, new
             self._generation += 1
-            await self._give_up_queued(BrokerUnavailable(f"replaced after {exc!r}"), old)
+            # its queued sends fail retriably: their callers send again on the new producer
+            await self._give_up_queued(SessionReplaced(f"replaced after {exc!r}"), old)
             await old.stop()
-            await self._producer.start()
 
     async def start(self) -> None:
         await bounded(self.bootstrap, "producer start", self.timeout_s, self._producer.start,
@@ -222,7 +229,7 @@ class AvroProducer:
             await self._give_up_queued(exc)
         await self._producer.stop()
 
-    async def _give_up_queued(self, exc: BrokerUnavailable,
+    async def _give_up_queued(self, exc: KafkaError,
                               producer: AIOKafkaProducer | None = None) -> None:
         """Fail every queued record. aiokafka has no call for this (its stop waits for them
         as long as the broker is away), so: end its sender (a request in flight ends within

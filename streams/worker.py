@@ -20,7 +20,9 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ from mnemoflow.streams.lifecycle import (
     drop_local_state,
     health_dir,
     limit_repeats,
+    read_health,
     stale_partitions,
 )
 from mnemoflow.streams.preflight import InternalTopic, PreflightError, worker_preflight
@@ -68,6 +71,8 @@ from mnemoflow.streams.projector import MemoryLogProjector
 
 log = logging.getLogger(__name__)
 PRODUCER_BATCH_BYTES = 512 * 1024
+RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
+RETRY_MAX_S = 8.0
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
 
@@ -112,8 +117,9 @@ class Pipeline:
     tiers: list[TierSpec] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     last_input: float = 0.0  # monotonic time of the last input event: idle detection only
-    crashes: CrashLimit = field(default_factory=lambda: CrashLimit(3))
-    on_fatal: Any = None  # set by the runner: called once when an agent is past its limit
+    crashes: CrashLimit = field(default_factory=lambda: CrashLimit(5))
+    # set by the runner: called once when an agent is past its limit
+    on_fatal: Callable[[str], None] | None = None
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -183,7 +189,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
                                    settings.client_kwargs(), group=f"{settings.app_id}-projector",
                                    sinks=sinks)
     pipe = Pipeline(settings, bootstrap, tuning, registry, store, app, projector, embedder,
-                    graph_sink, crashes=CrashLimit(settings.agent_max_restarts))
+                    graph_sink, crashes=CrashLimit(settings.agent_max_retries))
     pipe.tiers = [replace(t, tier=FaultyTier(t.tier)) if t.tier.name in settings.fault_tiers
                   else t for t in tiers]
     _wire(pipe)
@@ -213,12 +219,18 @@ def _wire(pipe: Pipeline) -> None:
         return reg.decode(ev.message.value, spec.value_schema)[1]
 
     async def records(stream: faust.StreamT, stage: str) -> Any:
-        """The stream's events with their decoded values; bad bytes go to the dead letters."""
-        async for ev in stream.events():
+        """(stream, event, decoded value) of each record, on a stream whose records are acked
+        by hand: faust acks the record in hand when an agent raises, and a record acked
+        without being processed is committed past. Bad bytes go to the dead letters."""
+        manual = stream.noack()
+        async for ev in manual.events():
             try:
-                yield ev, decode(ev)
+                value = decode(ev)
             except DecodeError as exc:
                 await to_dlq(ev, exc.reason, exc.detail, stage)
+                await manual.ack(ev)
+                continue
+            yield manual, ev, value
 
     async def send(topic: str, schema: str, key: str, value: dict[str, Any]) -> None:
         await send_encoded(topic, key, reg.encode(schema, value))
@@ -235,38 +247,56 @@ def _wire(pipe: Pipeline) -> None:
                                  f"message size limit") from exc
 
     async def agent_crashed(agent: Any, exc: BaseException) -> None:
-        """faust restarts a crashed agent; past the limit the worker stops instead."""
+        """An error outside `guarded` (faust's own); faust restarts the agent, and past the
+        limit the worker stops instead. The record in hand stays unacked."""
         name = agent.name.rsplit(".", 1)[-1]
         log.error("agent %s crashed: %r", name, exc)
-        if pipe.crashes.crashed(name, exc) and pipe.on_fatal is not None:
+        if pipe.crashes.failed(name, exc) and pipe.on_fatal is not None:
             pipe.on_fatal(pipe.crashes.fatal)
 
     app.agent_crashed = agent_crashed
 
-    async def guarded(ev: faust.types.EventT, stage: str, body: Any) -> None:
-        """Run one record through a stage. An error of the record's own making (the pure
-        stage raised, or an output is too large to write) dead-letters that record and the
-        stream goes on; anything else (the broker, a table) crashes the agent, which is
-        restarted and gets the record again."""
-        if stage in s.fault_agents:  # a drill: an infrastructure fault, not the record's
-            body.close()
-            raise RuntimeError(f"injected fault in agent {stage} (MNEMOFLOW_FAULT_AGENTS)")
-        try:
-            await body
-        except OutputTooLarge as exc:
-            await to_dlq(ev, "oversized", str(exc), stage)
-        except StageError as exc:
-            log.warning("%s failed on %s[%s]@%s: %s", stage, ev.message.topic,
-                        ev.message.partition, ev.message.offset, exc.__cause__)
-            await to_dlq(ev, "processing-error", repr(exc.__cause__), stage)
+    async def guarded(stream: faust.StreamT, ev: faust.types.EventT, stage: str,
+                      body: Callable[[], Awaitable[None]]) -> None:
+        """Run one record through a stage, then ack it. An error of the record's own making
+        (the pure stage raised, or an output is too large to write) dead-letters the record
+        and the stream goes on. Anything else (the broker, a table) is retried on the same
+        record with a back-off; past MNEMOFLOW_AGENT_MAX_RETRIES failures in a row the worker
+        stops, leaving the record unacked, so that the next worker gets it again."""
+        failures = 0
+        while True:
+            try:
+                if stage in s.fault_agents:  # a drill: an infrastructure fault
+                    raise RuntimeError(f"injected fault in agent {stage} (MNEMOFLOW_FAULT_AGENTS)")
+                await body()
+            except OutputTooLarge as exc:
+                await to_dlq(ev, "oversized", str(exc), stage)
+            except StageError as exc:
+                log.warning("%s failed on %s[%s]@%s: %s", stage, ev.message.topic,
+                            ev.message.partition, ev.message.offset, exc.__cause__)
+                await to_dlq(ev, "processing-error", repr(exc.__cause__), stage)
+            except Exception as exc:
+                failures += 1
+                log.error("%s failed on %s[%s]@%s (try %d), trying again: %r", stage,
+                          ev.message.topic, ev.message.partition, ev.message.offset,
+                          failures, exc)
+                if pipe.crashes.failed(stage, exc):
+                    if pipe.on_fatal is not None:
+                        pipe.on_fatal(pipe.crashes.fatal)
+                    await asyncio.Event().wait()  # unacked until the stop cancels this
+                await asyncio.sleep(min(RETRY_FIRST_S * 2 ** (failures - 1), RETRY_MAX_S))
+                continue
+            pipe.crashes.succeeded(stage)
+            await stream.ack(ev)
+            return
 
     async def observe_one(ev: faust.types.EventT, rec: dict[str, Any]) -> None:
         sid = rec["sessionId"]
         source = base_of[ev.message.topic].base
         ingest = int((ev.message.timestamp or 0) * 1000)
+        stored = observer_state.get(sid)  # a table error is not the record's fault
         with stage_errors():
-            state = ObserverState.from_json(observer_state.get(sid), tun.gate.window_cap,
-                                            tun.gate.window_ms)
+            state = ObserverState.from_json(stored, tun.gate.window_cap, tun.gate.window_ms)
             state, obs = observe(state, source, rec, s.max_payload_bytes, ingest)
         if obs.dead_letter:
             await to_dlq(ev, *obs.dead_letter, "observer")
@@ -280,14 +310,15 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.agent(inputs, concurrency=1)
     async def observer(stream: faust.StreamT) -> None:
-        async for ev, rec in records(stream, "observer"):
+        async for manual, ev, rec in records(stream, "observer"):
             pipe.last_input = time.monotonic()
-            await guarded(ev, "observer", observe_one(ev, rec))
+            await guarded(manual, ev, "observer", partial(observe_one, ev, rec))
 
     async def gate_one(seg: dict[str, Any]) -> None:
         sid = seg["envelope"]["sessionId"]
+        stored = gate_state.get(sid)
         with stage_errors():
-            state = GateState.from_json(gate_state.get(sid), tun.gate)
+            state = GateState.from_json(stored, tun.gate)
             state, out = decide(state, seg, tun.gate)
         if out.decision is None:
             return
@@ -299,8 +330,8 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.agent(t["segments"], concurrency=1)
     async def gate(stream: faust.StreamT) -> None:
-        async for ev, seg in records(stream, "gate"):
-            await guarded(ev, "gate", gate_one(seg))
+        async for manual, ev, seg in records(stream, "gate"):
+            await guarded(manual, ev, "gate", partial(gate_one, seg))
 
     async def evidence_one(seg: dict[str, Any]) -> None:
         sid = seg["envelope"]["sessionId"]
@@ -316,8 +347,8 @@ def _wire(pipe: Pipeline) -> None:
     @app.agent(t["segments"], concurrency=1)
     async def evidence(stream: faust.StreamT) -> None:
         """G-01: tool outcomes after a delivery reinforce or weaken the delivered memories."""
-        async for ev, seg in records(stream, "evidence"):
-            await guarded(ev, "evidence", evidence_one(seg))
+        async for manual, ev, seg in records(stream, "evidence"):
+            await guarded(manual, ev, "evidence", partial(evidence_one, seg))
 
     @app.timer(interval=s.consolidate_interval_s, on_leader=True)
     async def consolidate_when_idle() -> None:
@@ -365,8 +396,8 @@ def _wire(pipe: Pipeline) -> None:
 
     @app.agent(t["recall-requests"], concurrency=1)
     async def recall_agent(stream: faust.StreamT) -> None:
-        async for ev, req in records(stream, "recall"):
-            await guarded(ev, "recall", recall_one(req))
+        async for manual, ev, req in records(stream, "recall"):
+            await guarded(manual, ev, "recall", partial(recall_one, req))
 
     @app.task
     async def project_memory_log() -> None:
@@ -405,7 +436,7 @@ async def _watch_readiness(pipe: Pipeline, health: Health) -> None:
             health.set("starting" if not announced else "rebalancing", partitions=assigned)
         else:
             health.set("ready", partitions=assigned, counters=dict(pipe.counters),
-                       crashes=dict(pipe.crashes.crashes))
+                       failures=dict(pipe.crashes.failures))
             if not announced:
                 announced = True
                 print(f"mnemoflow worker ready: app {pipe.settings.app_id}, {assigned} "
@@ -453,8 +484,20 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
     logging.getLogger("aiokafka").setLevel(logging.NOTSET)  # the worker's log level rules now
     tabledir, stores = _local_stores(pipe.app)
     stale = stale_partitions(stores, view.end_offsets, _offset_key())
-    if stale:
+    marker = settings.home / "faust" / settings.app_id / "cluster-id"
+    known = marker.read_text().strip() if marker.exists() else None
+    if known and view.cluster_id and known != view.cluster_id:
+        stale.insert(0, f"cluster {view.cluster_id}, not {known}")
+    peers = [h["pid"] for h in read_health(settings.home, settings.app_id)
+             if h["pid"] != os.getpid()]
+    if stale and peers:
+        log.warning("local table state looks stale (%s) but worker(s) %s of this app use the "
+                    "same folder: leaving it", stale[0], peers)
+    elif stale:
         drop_local_state(tabledir, "; ".join(stale[:4]) + (" ..." if len(stale) > 4 else ""))
+    if view.cluster_id:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(view.cluster_id)
 
     health = Health(health_dir(settings.home) / f"{settings.app_id}.{os.getpid()}.json",
                     settings.app_id)
@@ -478,18 +521,18 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
         await _watch_readiness(pipe, health)
 
     health.set("starting")
+    failed = False
     try:
         worker.execute_from_commandline()
-    except SystemExit:
-        pass
-    except Exception as exc:  # faust re-raises a crash of the app after its shutdown
-        print(f"error: worker crashed: {type(exc).__name__}: {exc}", flush=True)
-        return EXIT_FATAL
+    except SystemExit as exc:  # mode turns a crash of the app into a non-zero SystemExit
+        failed = exc.code not in (0, None) or worker.crash_reason is not None
+        if failed and pipe.crashes.fatal is None:
+            print(f"error: worker crashed: {worker.crash_reason!r}", flush=True)
     finally:
         worker.watchdog.disarm()
-        if pipe.crashes.fatal is None:
+        if not failed and pipe.crashes.fatal is None:
             health.remove()
-    return EXIT_FATAL if pipe.crashes.fatal else 0
+    return EXIT_FATAL if failed or pipe.crashes.fatal else 0
 
 
 def _offset_key() -> bytes:

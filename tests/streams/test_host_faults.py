@@ -259,17 +259,37 @@ async def test_a_broken_idempotent_session_is_replaced_and_the_send_goes_through
     assert made[0].stopped and made[1].started
 
 
+async def test_a_replacement_producer_that_fails_to_start_is_not_used(monkeypatch) -> None:
+    """The replacement is started before it is swapped in: a broker still flapping when the
+    old session breaks leaves the old producer in place, and the send tries again."""
+    made: list[_Replaceable] = []
+
+    def new_producer(self: AvroProducer) -> Any:
+        made.append(_Replaceable([OutOfOrderSequenceNumber()] if not made else [],
+                                 start_errors=[KafkaConnectionError()] if len(made) == 1 else []))
+        return made[-1]
+
+    monkeypatch.setattr(AvroProducer, "_new_producer", new_producer)
+    producer = AvroProducer(Settings(), "127.0.0.1:9", timeout_s=10)
+    assert await producer.send_raw("t", b"k", b"v") == "ack"
+    assert producer._producer is made[1] and made[1].started and made[0].stopped
+
+
 class _Replaceable(_Flaky):
     """A _Flaky with what AvroProducer touches when it replaces a producer."""
 
-    def __init__(self, errors: list[Exception]) -> None:
+    def __init__(self, errors: list[Exception], start_errors: list[Exception] | None = None
+                 ) -> None:
         super().__init__(errors)
+        self.start_errors = start_errors or []
         self.started = self.stopped = False
         self._sender = type("Sender", (), {"sender_task": None})()
         self._message_accumulator = type("Acc", (), {
             "_batches": {}, "_pending_batches": set(), "fail_all": lambda self, exc: None})()
 
     async def start(self) -> None:
+        if self.start_errors:
+            raise self.start_errors.pop(0)
         self.started = True
 
     async def stop(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -43,7 +44,6 @@ def test_a_store_ahead_of_its_changelog_is_stale(tmp_path: Path) -> None:
 
 def test_dropping_local_state_says_so_in_one_line(tmp_path: Path, caplog) -> None:
     tables = tmp_path / "tables"
-    _store(tables.parent / "x.db", 1)
     tables.mkdir()
     (tables / "gate-state-0.db").mkdir()
     with caplog.at_level(logging.WARNING):
@@ -54,10 +54,12 @@ def test_dropping_local_state_says_so_in_one_line(tmp_path: Path, caplog) -> Non
 
 def test_the_watchdog_ends_a_stop_that_takes_too_long() -> None:
     codes: list[int] = []
-    dog = L.Watchdog(0.05, exit=codes.append)
+    fired = threading.Event()
+    dog = L.Watchdog(0.05, exit=lambda code: (codes.append(code), fired.set()))
     dog.arm(1, "SIGTERM")
     dog.arm(0, "again")  # a second stop does not re-arm it
-    time.sleep(0.3)
+    assert fired.wait(30)
+    time.sleep(0.1)
     assert codes == [1]
 
 
@@ -70,15 +72,18 @@ def test_a_disarmed_watchdog_does_nothing() -> None:
     assert codes == []
 
 
-def test_an_agent_past_its_restart_limit_is_fatal() -> None:
+def test_an_agent_past_its_limit_of_failures_in_a_row_is_fatal() -> None:
     limit = L.CrashLimit(2)
-    assert not limit.crashed("gate", RuntimeError("a"))
-    assert not limit.crashed("observer", RuntimeError("b"))
-    assert not limit.crashed("gate", RuntimeError("c"))
-    assert limit.crashed("gate", RuntimeError("boom\nsecond line"))
-    assert limit.fatal == ("agent gate crashed 3 times (limit MNEMOFLOW_AGENT_MAX_RESTARTS=2); "
-                           "last: RuntimeError: boom")
-    assert not limit.crashed("gate", RuntimeError("d"))  # said once
+    assert not limit.failed("gate", RuntimeError("a"))
+    assert not limit.failed("observer", RuntimeError("b"))
+    assert not limit.failed("gate", RuntimeError("c"))
+    limit.succeeded("gate")  # a success in between: the count starts again
+    assert not limit.failed("gate", RuntimeError("c"))
+    assert not limit.failed("gate", RuntimeError("c"))
+    assert limit.failed("gate", RuntimeError("boom\nsecond line"))
+    assert limit.fatal == ("agent gate failed 3 times in a row (limit "
+                           "MNEMOFLOW_AGENT_MAX_RETRIES=2); last: RuntimeError: boom")
+    assert not limit.failed("gate", RuntimeError("d"))  # said once
 
 
 def test_health_files_of_live_workers_are_read_back(tmp_path: Path) -> None:

@@ -84,23 +84,30 @@ async def test_changelog_topics_exist_with_their_partitions_before_faust_starts(
     assert again.created == [] and again.end_offsets == view.end_offsets
 
 
-async def test_an_agent_that_keeps_crashing_stops_the_worker(kafka_bootstrap, tmp_path) -> None:
-    """It used to be restarted every few seconds for ever while the rest of the worker
-    went on, and its stage's work was lost without a sign."""
+async def test_an_agent_that_keeps_failing_stops_the_worker_and_loses_nothing(
+        kafka_bootstrap, tmp_path) -> None:
+    """A failing agent used to be restarted every few seconds for ever while the rest of the
+    worker went on, and faust acked the record in hand at each crash, so the records it
+    failed on were committed past and lost. Now the record is retried, the worker stops past
+    the limit, and the next worker processes every record."""
     s = isolated_settings(tmp_path, "crashloop").with_overrides(
-        fault_agents=("gate",), agent_max_restarts=2, vector=False, graph=False)
+        fault_agents=("observer",), agent_max_retries=2, vector=False, graph=False)
     await prepare_topics(s, kafka_bootstrap)
     w = WorkerProcess(s, kafka_bootstrap).start()
     try:
         await w.wait_ready()
-        await _send_messages(s, kafka_bootstrap, "s-crash", 6)
+        await _send_messages(s, kafka_bootstrap, "s-crash", 4)
         assert _wait_exit(w, 90) == 1
     finally:
         w.stop()
     lines = [ln for ln in w.log_tail(20000).splitlines() if ln.startswith("error:")]
-    assert lines == ["error: agent gate crashed 3 times (limit MNEMOFLOW_AGENT_MAX_RESTARTS=2); "
-                     "last: RuntimeError: injected fault in agent gate (MNEMOFLOW_FAULT_AGENTS); "
-                     "stopping the worker"]
+    assert lines == ["error: agent observer failed 3 times in a row (limit "
+                     "MNEMOFLOW_AGENT_MAX_RETRIES=2); last: RuntimeError: injected fault in "
+                     "agent observer (MNEMOFLOW_FAULT_AGENTS); stopping the worker"]
+    with WorkerProcess(s.with_overrides(fault_agents=()), kafka_bootstrap) as again:
+        await again.wait_ready()
+        audits = await _gate_audits(s, kafka_bootstrap, "s-crash", 4)
+    assert sorted({a["eventSeq"] for a in audits}) == [1, 2, 3, 4]
 
 
 @pytest.fixture
