@@ -19,9 +19,9 @@ from aiokafka.errors import KafkaError
 
 from mnemoflow.streams.admin import admin_client, existing_partitions, wait_listed
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.producer import TopicsMissing
 from mnemoflow.streams.topics import CATALOGUE
 
-CREATE_HINT = "run `mnemoflow topics create`"
 MISSING_GRACE_S = 5.0  # how long a missing catalogue topic is looked for again
 
 
@@ -74,8 +74,7 @@ async def check_catalogue(admin: AIOKafkaAdminClient, settings: Settings, bootst
     have = await wait_listed(admin, list(names), MISSING_GRACE_S)
     missing = [n for n in names if n not in have]
     if missing:
-        raise PreflightError(f"{len(missing)} topic(s) missing on {bootstrap}: "
-                             f"{', '.join(missing)}; {CREATE_HINT}")
+        raise PreflightError(str(TopicsMissing(bootstrap, missing)))  # the host's words
     wrong = [f"{n} has {have[n]}" for n, want in names.items() if have[n] != want]
     if wrong:
         raise PreflightError(f"partition counts differ from MNEMOFLOW_PARTITIONS="
