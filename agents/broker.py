@@ -93,26 +93,31 @@ def _item(r: Any) -> dict[str, Any]:
             "eventTime": c.event_time, "digest": c.digest, "tiers": list(c.tiers)}
 
 
-def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ranked: RankResult,
-          verdict: SafetyVerdict, retrieval_version: str, current_version: str,
-          t: RankTuning) -> tuple[BrokerState, BrokerOutput]:
-    """Decide the packet for one recall request and the audit record that explains it."""
-    again = state.replayed(request["requestId"])
-    if again is not None:
-        return state, BrokerOutput(again[0], again[1], replayed=True)
-    now = request["eventTime"]
-    cap = capability_snapshot(request.get("capability"))
-    safety_reason = {v.ranked.candidate.memory_id: v.reason for v in verdict.items}
-    audit_cands = []
+def audit_candidates(ranked: RankResult, safety_reason: dict[str, str],
+                     t: RankTuning) -> list[dict[str, Any]]:
+    """The first `audit_candidates` of rank's order, each with its outcome (G-02)."""
+    out = []
     for r in ranked.ordered[: t.audit_candidates]:
         c = r.candidate
         outcome = r.outcome
         if outcome == "kept" and safety_reason.get(c.memory_id, "ok") != "ok":
             outcome = safety_reason[c.memory_id].split(":")[0]
             outcome = "ask" if outcome == "high-risk" else outcome
-        audit_cands.append({"memoryId": c.memory_id, "score": r.activation, "outcome": outcome,
-                            "digest": c.digest, "provenance": c.provenance, "scope": c.scope,
-                            "owner": c.owner, "tiers": list(c.tiers)})
+        out.append({"memoryId": c.memory_id, "score": r.activation, "outcome": outcome,
+                    "digest": c.digest, "provenance": c.provenance, "scope": c.scope,
+                    "owner": c.owner, "tiers": list(c.tiers)})
+    return out
+
+
+def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ranked: RankResult,
+          verdict: SafetyVerdict, retrieval_version: str, current_version: str,
+          t: RankTuning) -> tuple[BrokerState, BrokerOutput]:
+    """Decide the packet for one recall request and the audit record that explains it.
+    (A redelivered request never gets here: `respond` re-emits its first answer.)"""
+    now = request["eventTime"]
+    cap = capability_snapshot(request.get("capability"))
+    safety_reason = {v.ranked.candidate.memory_id: v.reason for v in verdict.items}
+    audit_cands = audit_candidates(ranked, safety_reason, t)
     allowed = verdict.allowed
     if request["contextVersion"] < state.latest_cv:
         action, reason = "drop", "stale-context"

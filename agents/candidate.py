@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-SCOPES = ("Turn", "Session", "Workspace", "User", "External")
-
 
 @dataclass(frozen=True)
-class Candidate:
+class LoggedMemory:
+    """What every view of a memory carries (the fold's MemoryRecord, recall's Candidate): its
+    id, kind and text, who may see it (scope, owner), and where the memory-log placed it."""
+
     memory_id: str
     kind: str  # segment | episode | fact | procedure
     text: str
@@ -18,6 +19,10 @@ class Candidate:
     session_id: str
     event_seq: int
     event_time: int
+
+
+@dataclass(frozen=True)
+class Candidate(LoggedMemory):
     provenance: str
     digest: str
     semantic_key: str

@@ -14,14 +14,15 @@ propose, stage changes are only ever made by the rules in agents.procedures.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 from mnemoflow.agents import procedures as P
-from mnemoflow.agents.episodes import Episode, RecordLike, build_episodes, turn_of
+from mnemoflow.agents.episodes import Episode, build_episodes, turn_of
 from mnemoflow.agents.ids import digest_of, stable_id
-from mnemoflow.agents.memory_events import json_list, memory_event
+from mnemoflow.agents.memory_events import json_list, memory_event, parse_list
+from mnemoflow.agents.memory_record import MemoryRecord
 from mnemoflow.agents.text import semantic_key
 
 QUIET_MS = 5 * 60_000  # a turn is closed when it saw no tool call for this long, or a later turn began
@@ -34,9 +35,9 @@ EpisodeExtractor = Callable[[Sequence[Episode], int], list[dict[str, Any]]]
 class ConsolidationView(Protocol):
     """What consolidation reads; MemoryStore implements it."""
 
-    def records_of(self, kind: str) -> Sequence[RecordLike]: ...
+    def records_of(self, kind: str) -> Sequence[MemoryRecord]: ...
 
-    def session_records(self, session_id: str) -> Sequence[RecordLike]: ...
+    def session_records(self, session_id: str) -> Sequence[MemoryRecord]: ...
 
     def procedure(self, mid: str) -> P.Procedure | None: ...
 
@@ -78,6 +79,21 @@ def observation_event(ep: Episode, after: P.Procedure) -> dict[str, Any]:
                     "sources": json_list(ep.episode_ids),
                     "failedSteps": json_list(dict.fromkeys(t for t, _ in ep.failures)),
                     "unresolved": json_list(ep.unresolved)})
+
+
+def episode_of(ev: Mapping[str, Any]) -> Episode:
+    """The run a `procedure_observed` event carries: what the fold gets back of the episode
+    `observation_event` wrote."""
+    a = ev.get("attributes") or {}
+    return Episode(
+        key=a.get("runKey") or ev["eventId"], owner=ev["owner"], scope=ev["scope"],
+        session_id=ev["sessionId"], turn=int(a.get("turn") or 0), intent=a.get("intent", ""),
+        actions=parse_list(a.get("steps")), entities=tuple(ev.get("entities") or ()),
+        unresolved=(), outcome=a.get("outcome", "success"),
+        provenance=tuple(ev.get("provenance") or ()), start_time=ev["eventTime"],
+        event_time=ev["eventTime"], event_seq=ev["eventSeq"],
+        episode_ids=parse_list(a.get("sources")),
+        failures=tuple((t, "") for t in parse_list(a.get("failedSteps"))))
 
 
 def procedure_runs(episodes: Sequence[Episode]) -> list[Episode]:

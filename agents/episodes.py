@@ -12,27 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+
+from mnemoflow.agents.memory_record import MemoryRecord
 
 _TURN = re.compile(r"#(\d+)\.(\d+)$")
 INTENT_CHARS = 160
-
-
-class RecordLike(Protocol):
-    """The fields of a projected memory record that episodes need."""
-
-    memory_id: str
-    kind: str
-    text: str
-    scope: str
-    owner: str
-    session_id: str
-    event_seq: int
-    event_time: int
-    provenance: tuple[str, ...]
-    entities: tuple[str, ...]
-    revoked: bool
-    attributes: dict[str, str]
 
 
 def turn_of(provenance: Iterable[str]) -> tuple[int, int] | None:
@@ -72,11 +56,11 @@ def _collapse(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def build_episodes(calls: Iterable[RecordLike],
+def build_episodes(calls: Iterable[MemoryRecord],
                    intents: Mapping[tuple[str, int], str]) -> list[Episode]:
     """Group live episode records by (owner, session, turn); `intents` maps (session, turn) to
     the user's text of that turn. Deterministic order: by start time, then key."""
-    groups: dict[tuple[str, str, str, int], list[RecordLike]] = {}
+    groups: dict[tuple[str, str, str, int], list[MemoryRecord]] = {}
     for r in calls:
         if r.revoked or r.kind != "episode":
             continue

@@ -14,11 +14,10 @@ travels with (`meta_from_headers`); otherwise the reader decodes the body.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 Packet = dict[str, Any]
 PacketSource = Packet | Callable[[], Packet]  # the packet, or a loader that decodes it
@@ -62,28 +61,39 @@ def meta_of(op: dict[str, Any]) -> OpMeta:
                   int(p["expiry"]) if p else 0, tuple(op.get("packetIds") or ()))
 
 
-@functools.cache
-def _registry() -> Any:
-    from mnemoflow.schemas.codec import default_registry
+class Encoder(Protocol):
+    """What writing an op needs of a schema registry (`mnemoflow.schemas.codec.SchemaRegistry`)."""
 
-    return default_registry()
+    def encode(self, name: str, record: dict[str, Any]) -> bytes: ...
 
 
-def op_record(op: dict[str, Any], registry: Any = None) -> tuple[bytes, list[tuple[str, bytes]]]:
+def op_record(op: dict[str, Any], registry: Encoder | None = None
+              ) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The op's record value (InboxOp, single-object encoded) and its fold header, bound to
-    that value: write both, unchanged, in one record."""
-    value = (registry or _registry()).encode("io.mnemoflow.InboxOp", op)
+    that value: write both, unchanged, in one record.
+
+    Writers pass the registry they already hold. Without one, a registry of the current
+    schemas is built for this call alone (milliseconds): nothing is cached between calls."""
+    value = (registry or _current_schemas()).encode("io.mnemoflow.InboxOp", op)
     m = meta_of(op)
     text = _SEP.join((m.kind, m.op_id, m.session_id, m.packet_id or "", m.digest or "",
                       str(m.expiry), *m.packet_ids)).encode()
     return value, [(FOLD_HEADER, text + b"\x1f" + _tag(text, value))]
 
 
-def op_headers(op: dict[str, Any]) -> list[tuple[str, bytes]]:
+def op_headers(op: dict[str, Any], registry: Encoder | None = None) -> list[tuple[str, bytes]]:
     """The fold header of a writer that encodes the value itself with the current InboxOp
     schema: Avro encoding is deterministic, so the tag computed here matches its bytes (if
     it did not, readers would only decode the body)."""
-    return op_record(op)[1]
+    return op_record(op, registry)[1]
+
+
+def _current_schemas() -> Encoder:
+    # imported here, not at the top: the fold and the rest of the agents package need no
+    # Avro codec, only this fallback does
+    from mnemoflow.schemas.codec import default_registry
+
+    return default_registry()
 
 
 def _tag(text: bytes, value: bytes) -> bytes:

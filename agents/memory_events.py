@@ -75,6 +75,18 @@ def _check_id(memory_id: str) -> str:
 # ------------------------------------------------------------------ host direct writes (SDK)
 
 
+def _host_write(verb: str, *, op: str, memory_id: str, kind: str, scope: str, owner: str,
+                event_time: int, id_parts: tuple[str, ...] = (), **fields: Any) -> dict[str, Any]:
+    """A write on the host's word: source host, the host as provenance, and an eventId made of
+    the call's arguments (`id_parts`, by default the memory id), so a retried call lands on the
+    same id."""
+    return memory_event(
+        event_id=stable_id("mem", "host", verb, scope, owner, *(id_parts or (memory_id,)),
+                           event_time),
+        op=op, memory_id=memory_id, kind=kind, scope=scope, owner=owner, event_time=event_time,
+        provenance=[f"host:{owner}@{event_time}"], source="host", **fields)
+
+
 def host_fact(owner: str, text: str, event_time: int, *, scope: str = "User",
               subject: str | None = None, predicate: str | None = None, obj: str | None = None,
               memory_id: str | None = None, ttl_ms: int | None = None,
@@ -89,57 +101,44 @@ def host_fact(owner: str, text: str, event_time: int, *, scope: str = "User",
     else:
         subject = predicate = obj = None
         mid = memory_id or stable_id("fact", owner, scope, "note", text)
-    _check_id(mid)
-    return memory_event(
-        event_id=stable_id("mem", "host", "fact", scope, owner, mid, event_time),
-        op="fact_upserted", memory_id=mid, kind="fact", scope=scope, owner=owner,
-        session_id=session_id, event_time=event_time, text=text,
-        entities=text_entities(text), provenance=[f"host:{owner}@{event_time}"], source="host",
-        confidence=HOST_CONFIDENCE, ttl_ms=ttl_ms, subject=subject, predicate=predicate,
-        object_=obj, attributes={"category": "host", "correction": "1" if subject else "0"})
+    return _host_write(
+        "fact", op="fact_upserted", memory_id=_check_id(mid), kind="fact", scope=scope,
+        owner=owner, event_time=event_time, session_id=session_id, text=text,
+        entities=text_entities(text), confidence=HOST_CONFIDENCE, ttl_ms=ttl_ms,
+        subject=subject, predicate=predicate, object_=obj,
+        attributes={"category": "host", "correction": "1" if subject else "0"})
 
 
 def host_revoke(owner: str, memory_id: str, event_time: int, *, scope: str = "User",
                 reason: str = "host") -> dict[str, Any]:
-    """`memory_revoked`: hides the memory everywhere; derived memories cascade (see the store)."""
-    _check_id(memory_id)
-    return memory_event(
-        event_id=stable_id("mem", "host", "revoke", scope, owner, memory_id, event_time),
-        op="memory_revoked", memory_id=memory_id, kind="revocation", scope=scope, owner=owner,
-        event_time=event_time, provenance=[f"host:{owner}@{event_time}"], source="host",
-        attributes={"reason": reason})
+    """`memory_revoked`: hides the memory everywhere; derived memories cascade (see
+    agents.revocation)."""
+    return _host_write("revoke", op="memory_revoked", memory_id=_check_id(memory_id),
+                       kind="revocation", scope=scope, owner=owner, event_time=event_time,
+                       attributes={"reason": reason})
 
 
 def host_alias(owner: str, alias: str, target: str, event_time: int, *, scope: str = "User",
                revoke: bool = False) -> dict[str, Any]:
     """`alias_added` / `alias_revoked` for a scope owner (M-05: low prior, revocable)."""
     op = "alias_revoked" if revoke else "alias_added"
-    return memory_event(
-        event_id=stable_id("mem", "host", op, scope, owner, alias, target, event_time),
-        op=op, memory_id=alias_id(scope, owner, alias, target), kind="alias", scope=scope,
-        owner=owner, event_time=event_time, text=f"{alias} = {target}",
-        provenance=[f"host:{owner}@{event_time}"], source="host", confidence=0.3,
-        subject=alias, object_=target, attributes={"rule": "host"})
+    return _host_write(op, op=op, memory_id=alias_id(scope, owner, alias, target), kind="alias",
+                       scope=scope, owner=owner, event_time=event_time, id_parts=(alias, target),
+                       text=f"{alias} = {target}", confidence=0.3, subject=alias,
+                       object_=target, attributes={"rule": "host"})
 
 
 def host_confirm(owner: str, memory_id: str, event_time: int, *,
                  scope: str = "User") -> dict[str, Any]:
     """`fact_confirmed`: settles a conflict or a dispute for this fact, or accepts a candidate."""
-    _check_id(memory_id)
-    return memory_event(
-        event_id=stable_id("mem", "host", "confirm", scope, owner, memory_id, event_time),
-        op="fact_confirmed", memory_id=memory_id, kind="fact", scope=scope, owner=owner,
-        event_time=event_time, provenance=[f"host:{owner}@{event_time}"], source="host",
-        confidence=HOST_CONFIDENCE)
+    return _host_write("confirm", op="fact_confirmed", memory_id=_check_id(memory_id),
+                       kind="fact", scope=scope, owner=owner, event_time=event_time,
+                       confidence=HOST_CONFIDENCE)
 
 
 def host_approve_procedure(owner: str, procedure_id: str, event_time: int, *,
                            scope: str = "User") -> dict[str, Any]:
     """`procedure_approved`: the user allowed a high-risk procedure to be promoted (M-04).
     It still only ever reaches the agent as a checklist, and the safety gate still asks."""
-    _check_id(procedure_id)
-    return memory_event(
-        event_id=stable_id("mem", "host", "approve", scope, owner, procedure_id, event_time),
-        op="procedure_approved", memory_id=procedure_id, kind="procedure", scope=scope,
-        owner=owner, event_time=event_time, provenance=[f"host:{owner}@{event_time}"],
-        source="host")
+    return _host_write("approve", op="procedure_approved", memory_id=_check_id(procedure_id),
+                       kind="procedure", scope=scope, owner=owner, event_time=event_time)

@@ -27,8 +27,9 @@ Only validated and active procedures are recallable, and only ever as a checklis
 picks strength `checklist`); a high-risk one makes the safety gate ask. Nothing here runs a
 tool: SSH/deploy/delete-like steps are never executed because a memory looks similar.
 
-Pure: every function returns a new Procedure; MemoryStore folds memory-log events with them
-and consolidation plans transitions with them, so both agree by construction.
+Pure: every function returns a new Procedure; the memory-log fold (agents.procedure_fold)
+applies events with them and consolidation plans transitions with them, so both agree by
+construction.
 """
 
 from __future__ import annotations
@@ -265,6 +266,11 @@ def apply_transition(p: Procedure, t: Transition) -> Procedure:
     if p.stage != t.from_stage or p.stage == "deprecated":
         return p
     return replace(p, stage=t.to_stage, history=(*p.history, t))
+
+
+def deprecate(p: Procedure, event_id: str, event_time: int, reason: str) -> Procedure:
+    """The terminal move, from whatever stage the procedure is in."""
+    return apply_transition(p, Transition(p.stage, "deprecated", event_id, event_time, reason))
 
 
 def _meets(stage: str, s: Stats, p: Procedure) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemoflow.agents.candidate import scope_chain
-from mnemoflow.agents.injection_rules import detect_injection
+from mnemoflow.agents.injection_rules import RuleSet, default_rules
 from mnemoflow.agents.rank import Ranked
 
 
@@ -35,13 +35,13 @@ class SafetyVerdict:
         return tuple(v.ranked for v in self.items if v.action == "allow")
 
 
-def check_item(r: Ranked, chain: frozenset[tuple[str, str]]) -> ItemVerdict:
+def check_item(r: Ranked, chain: frozenset[tuple[str, str]], rules: RuleSet) -> ItemVerdict:
     c = r.candidate
     if (c.scope, c.owner) not in chain:
         return ItemVerdict(r, "suppress", "scope")
     if c.revoked:
         return ItemVerdict(r, "suppress", "revoked")
-    inj = detect_injection(c.text)
+    inj = rules.detect(c.text)
     if inj.flagged:
         return ItemVerdict(r, "suppress", f"injection:{inj.rule_id}")
     if c.kind == "procedure" and c.risk_level == "high":
@@ -49,9 +49,12 @@ def check_item(r: Ranked, chain: frozenset[tuple[str, str]]) -> ItemVerdict:
     return ItemVerdict(r, "allow", "ok")
 
 
-def check(kept: Sequence[Ranked], request: dict[str, Any]) -> SafetyVerdict:
+def check(kept: Sequence[Ranked], request: dict[str, Any],
+          rules: RuleSet | None = None) -> SafetyVerdict:
+    """`rules`: the injection rule set the caller holds (default: the packaged one)."""
     chain = scope_chain(request)
-    items = tuple(check_item(r, chain) for r in kept)
+    rules = rules or default_rules()
+    items = tuple(check_item(r, chain, rules) for r in kept)
     if any(v.action == "ask" for v in items):
         return SafetyVerdict("ask", "high-risk-procedure", items)
     if not any(v.action == "allow" for v in items):

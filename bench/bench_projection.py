@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from bench_topology import raw_round_trip
+from bench_topology import raw_round_trip, run_bench
 from common import bench_settings, broker, fmt, pct, write_results
 
 from mnemoflow.agents.ids import stable_id
@@ -74,7 +74,7 @@ async def main(args: argparse.Namespace) -> dict:
     await embedder.warm_up()
     with tempfile.TemporaryDirectory() as tmp:
         store = MemoryStore()
-        index = open_index(Path(tmp) / "lancedb", index_meta(embedder, store.index_tuning))
+        index = await open_index(Path(tmp) / "lancedb", index_meta(embedder, store.index_tuning))
         sinks = [MarkdownSink(Path(tmp) / "md", store), VectorSink(index, embedder, store=store)]
         proj = MemoryLogProjector(bootstrap, s.topic("memory-log"), store, reg,
                                   s.client_kwargs(), sinks=sinks)
@@ -122,8 +122,4 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rate", type=int, default=50)
-    ap.add_argument("--seconds", type=int, default=20)
-    ap.add_argument("--burst", type=int, default=2000)
-    asyncio.run(main(ap.parse_args()))
+    run_bench(main, rate=50, seconds=20, burst=2000)

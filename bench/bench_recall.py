@@ -1,5 +1,5 @@
 """Issue 5 bench: recall latency (vector + lexical + rank) at 10k / 100k (/ 1M) memories,
-timed as the worker runs them (the vector search in a thread beside the lexical tier, then rank),
+timed as the worker runs them (the vector search awaited beside the lexical tier, then rank),
 as a ratio to a flat numpy scan of the same vectors in the same run; worker-like RSS.
 
 Vectors are random unit vectors (embedding 1M real texts does not fit this machine's time);
@@ -19,6 +19,7 @@ Run: .venv/bin/python bench/bench_recall.py [--sizes 10000 100000 1000000] [--qu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -26,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,10 +63,10 @@ def kind_of(i: int) -> tuple[str, str]:
     return KINDS[0][0], KINDS[0][1]
 
 
-def build(n: int, root: Path) -> tuple[MemoryStore, VectorIndex, float, float]:
+async def build(n: int, root: Path) -> tuple[MemoryStore, VectorIndex, float, float]:
     rng = random.Random(1)
     store = MemoryStore()
-    index = open_index(root / f"idx{n}", IndexMeta("random", DIM, "bench"))
+    index = await open_index(root / f"idx{n}", IndexMeta("random", DIM, "bench"))
     t = time.perf_counter()
     for lo in range(0, n, BATCH):
         hi = min(n, lo + BATCH)
@@ -85,18 +85,18 @@ def build(n: int, root: Path) -> tuple[MemoryStore, VectorIndex, float, float]:
                                         "intent": text, "runKey": f"run{i}"}})
             rows.append({"memory_id": f"m{i}", "kind": kind, "text": text, "scope": "User",
                          "owner": owner, "event_time": i})
-        index.add(rows, vectors(lo, hi))
+        await index.add(rows, vectors(lo, hi))
     build_s = time.perf_counter() - t
     t = time.perf_counter()
-    index.optimize()  # steady state: the sink compacts and folds new rows into the indices
+    await index.optimize()  # steady state: the sink compacts and folds new rows into the indices
     return store, index, build_s, time.perf_counter() - t
 
 
-def run_one(n: int, queries: int) -> dict:
+async def run_one(n: int, queries: int) -> dict:
     tuning = load_tuning().rank
     rng, nrng = random.Random(2), np.random.default_rng(2)
     with tempfile.TemporaryDirectory() as tmp:
-        store, index, build_s, optimize_s = build(n, Path(tmp))
+        store, index, build_s, optimize_s = await build(n, Path(tmp))
         reqs = []
         for q in range(queries):
             user = f"user-{q % USERS}"
@@ -108,38 +108,39 @@ def run_one(n: int, queries: int) -> dict:
                          qv / np.linalg.norm(qv)))
         lat, vec_ms, lex_ms, rank_ms, fts_ms, found = [], [], [], [], [], []
         load = [os.getloadavg()[0]]
-        pool = ThreadPoolExecutor(1)
 
-        def timed_search(qv: np.ndarray, chain: frozenset) -> tuple[list, float]:
+        async def timed_search(qv: np.ndarray, chain: frozenset) -> tuple[list, float]:
             t = time.perf_counter()
-            return index.search(qv, chain, n + 1, K), (time.perf_counter() - t) * 1000
+            return await index.search(qv, chain, n + 1, K), (time.perf_counter() - t) * 1000
+
+        async def timed_lexical(req: dict) -> tuple[list, float]:
+            t = time.perf_counter()
+            return store.search_lexical(req, K), (time.perf_counter() - t) * 1000
 
         for req, qv in reqs:
-            # as agents.recall runs them: the vector search off the loop (a thread) while
-            # the lexical tier scores on it, then rank over both
+            # as agents.recall runs them: the vector search started first, the lexical tier
+            # scoring on the loop while LanceDB queries on its own threads, then rank over both
             t0 = time.perf_counter()
-            vector = pool.submit(timed_search, qv, scope_chain(req))
-            t1 = time.perf_counter()
-            cands = store.search_lexical(req, K)
-            t2 = time.perf_counter()
-            hits, v_ms = vector.result()
+            vector = asyncio.ensure_future(timed_search(qv, scope_chain(req)))
+            lexical = asyncio.ensure_future(timed_lexical(req))
+            cands, l_ms = await lexical
+            hits, v_ms = await vector
             t3 = time.perf_counter()
             cands += [store.records[m].candidate(s) for m, s in hits]
             rank(cands, req, [], "v", tuning)
             t4 = time.perf_counter()
             lat.append((t4 - t0) * 1000)
             vec_ms.append(v_ms)
-            lex_ms.append((t2 - t1) * 1000)
+            lex_ms.append(l_ms)
             rank_ms.append((t4 - t3) * 1000)
             found.append([m for m, _ in hits])
             t5 = time.perf_counter()
-            index.text_search(req["text"], scope_chain(req), n + 1, K)
+            await index.text_search(req["text"], scope_chain(req), n + 1, K)
             fts_ms.append((time.perf_counter() - t5) * 1000)
-        pool.shutdown()
         load.append(os.getloadavg()[0])
         rss = peak_rss_mib(os.getpid())
         ann = {name: t.has_ann for name, t in index.tables.items()}
-        sizes = {name: len(t) for name, t in index.tables.items()}
+        sizes = {name: await t.table.count_rows() for name, t in index.tables.items()}
         # flat numpy baseline (and the exact answer the vector search is compared with)
         allv = np.concatenate([vectors(lo, min(n, lo + BATCH)) for lo in range(0, n, BATCH)])
         owners = np.array([i % USERS for i in range(n)])
@@ -175,7 +176,7 @@ def show(n: int, r: dict) -> None:
 
 def main(args: argparse.Namespace) -> None:
     if args.one:
-        print(json.dumps(run_one(args.one, args.queries)))
+        print(json.dumps(asyncio.run(run_one(args.one, args.queries))))
         return
     out: dict[int, dict] = {}
     for n in args.sizes:

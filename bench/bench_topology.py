@@ -16,7 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import bench_settings, fmt, kafka_broker, now_ms, pct, peak_rss_mib, start_worker, write_results
@@ -359,12 +361,19 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
     return out
 
 
-if __name__ == "__main__":
+def run_bench(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, object]],
+              **options: int) -> None:
+    """Run an async bench with its integer options (`--name N`, these defaults). A bench that
+    turns SIGTERM into its own cancellation, as `main` here does, has cleaned up by the time
+    that reaches this point, and exits as a killed process would."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--questions", type=int, default=100)
-    ap.add_argument("--events", type=int, default=2000)
-    ap.add_argument("--raw", type=int, default=300)
+    for name, default in options.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
     try:
-        asyncio.run(main(ap.parse_args()))
-    except asyncio.CancelledError:  # SIGTERM, after the cleanup above: exit as a killed process
+        asyncio.run(bench(ap.parse_args()))
+    except asyncio.CancelledError:
         sys.exit(128 + signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    run_bench(main, questions=100, events=2000, raw=300)

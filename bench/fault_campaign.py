@@ -759,14 +759,10 @@ class Campaign:
             return
         broker = self.broker
         s = self.settings("restart", drill.vector)
-        await create_topics(s, self.bootstrap)
-        w = Worker("w", s, self.bootstrap)
         h = Host(s, self.bootstrap, timeout_s=HOST_TIMEOUT_S)
+        w = await self._start_shared(s, "w", h)
         all_inputs: list[Input] = []
         try:
-            w.start()
-            await w.wait_ready()
-            await h.start()
             for i in range(1, self.runs(5) + 1):
                 run = Run(drill.key, i, str(s.home))
                 mems_a, asks_a = self.scenario.users(f"r{i}a", 4)
@@ -845,15 +841,11 @@ class Campaign:
                       "kill -> replacement's first output", self.vector_for("3"))
         self.drills.append(drill)
         s = self.settings("kill", drill.vector)
-        await create_topics(s, self.bootstrap)
-        w = Worker("w0", s, self.bootstrap)
-        workers = [w]
         h = Host(s, self.bootstrap)
+        w = await self._start_shared(s, "w0", h)
+        workers = [w]
         all_inputs: list[Input] = []
         try:
-            w.start()
-            await w.wait_ready()
-            await h.start()
             for i in range(1, self.runs(10) + 1):
                 run = Run(drill.key, i, str(s.home))
                 mems, asks = self.scenario.users(f"k{i}", 6)
@@ -902,6 +894,21 @@ class Campaign:
             drill.runs.append(Run(drill.key, 1, str(s.home)))
         drill.runs[-1].add_workers([w])  # the last replacement, stopped here
         await self._finish_shared(drill, s, [s.home])
+
+    async def _start_shared(self, s: Settings, worker: str, h: Host) -> Worker:
+        """For a drill whose runs share one topic set, worker and host: the topics created,
+        the worker ready and `h` started. What started is stopped again if the rest fails."""
+        w = Worker(worker, s, self.bootstrap)
+        try:
+            await create_topics(s, self.bootstrap)
+            w.start()
+            await w.wait_ready()
+            await h.start()
+        except BaseException:
+            await _quietly(h.stop())
+            w.stop()
+            raise
+        return w
 
     async def _finish_shared(self, drill: Drill, s: Settings, homes: list[Path]) -> None:
         """A drill whose runs shared one topic set: keep it all if any run failed."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from rank_bm25 import BM25Okapi
 
 from mnemoflow.agents.text import tokens
 from mnemoflow.evaluation.datasets import Benchmark
+from mnemoflow.projections.embedding import Embedder
 
 TOP = 25
 
@@ -47,4 +50,21 @@ def cosine(bench: Benchmark, turn_vectors: dict[tuple[str, str], np.ndarray],
         sims = m @ question_vectors[q.qid]
         order = np.argsort(-sims, kind="stable")[:TOP]
         out[q.qid] = [provs[i] for i in order]
+    return out
+
+
+def lists(bench: Benchmark, memory: Sequence[dict[str, Any]],
+          embedder: Embedder | None) -> dict[str, dict[str, list[str]]]:
+    """Every baseline's ranked turn ids per question. The cosine baseline embeds the recorded
+    turn texts plainly (the index holds context-blended vectors, which would not be a plain
+    cosine baseline); turn ids repeat across users, so they are keyed by owner too."""
+    out = {"bm25": bm25(bench)}
+    if embedder is None:
+        return out
+    segs = [m for m in memory if m["op"] == "segment_recorded" and m.get("text")]
+    vecs = embedder.embed([m["text"] for m in segs])
+    turn_vectors = {(m["owner"], m["provenance"][-1]): v for m, v in zip(segs, vecs, strict=True)}
+    qv = embedder.embed([q.text for q in bench.questions])
+    out["cosine"] = cosine(bench, turn_vectors,
+                           {q.qid: v for q, v in zip(bench.questions, qv, strict=True)})
     return out

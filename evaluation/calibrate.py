@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from mnemoflow.agents.broker import audit_candidates
 from mnemoflow.agents.candidate import Candidate
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.recall import RecallResult, TierSpec, recall
@@ -49,9 +50,10 @@ from mnemoflow.agents.tuning import IndexTuning, RankTuning, Tuning, load_tuning
 from mnemoflow.evaluation import offline
 from mnemoflow.evaluation.datasets import Benchmark, Question, session_of
 from mnemoflow.evaluation.metrics import host_provenance
+from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder, Embedder
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_tier import VectorTier
+from mnemoflow.projections.vector_tier import VectorSink, VectorTier, index_meta
 
 FOLDS = 5
 ROUNDS = 3
@@ -171,13 +173,13 @@ class Prepared:
         key = _lex_key(t.index)
         if (hit := _hit(self.stores, key)) is not None:
             return hit
-        return _put(self.stores, key, offline.fold_store(self.events, t), 2)
+        return _put(self.stores, key, fold_store(self.events, t), 2)
 
     def vector_index(self, t: Tuning) -> Any:
         key = t.index.vector_context_weight
         if (hit := _hit(self.vectors, key)) is not None:
             return hit
-        return _put(self.vectors, key, offline.build_vectors(self.events, t, self.embedder), 2)
+        return _put(self.vectors, key, build_vectors(self.events, t, self.embedder), 2)
 
     def recall_results(self, t: Tuning) -> dict[str, RecallResult]:
         """Recall for every request under the index knobs of `t` (cached per configuration)."""
@@ -207,24 +209,47 @@ class Prepared:
         return _put(self.results, key, asyncio.run(fuse()), 3)
 
 
+def fold_store(events: Sequence[dict[str, Any]], tuning: Tuning) -> MemoryStore:
+    """A lexical store for these index knobs, folded from the replay's memory-log."""
+    store = MemoryStore(index=tuning.index)
+    for ev in events:
+        store.apply(ev)
+    return store
+
+
+def build_vectors(events: Sequence[dict[str, Any]], tuning: Tuning,
+                  embedder: AsyncEmbedder) -> ArrayIndex:
+    """An in-memory vector index for these index knobs, fed by the worker's VectorSink."""
+    index = ArrayIndex(index_meta(embedder, tuning.index))
+    sink = VectorSink(index, embedder, batch=512, timeout_s=3600.0,
+                      context_weight=tuning.index.vector_context_weight,
+                      embed_max_chars=tuning.index.embed_max_chars)
+    for ev in events:
+        sink.on_event(ev)
+    asyncio.run(sink.flush())
+    return index
+
+
 def prepare(name: str, bench: Benchmark, tuning: Tuning, embedder: Embedder,
             folds: dict[str, int]) -> Prepared:
-    events = offline.observe_haystack(bench, tuning)
-    reqs = {}
-    for q in bench.questions:
-        _, req = offline.gate_request(q, tuning, "soft")
-        if req is not None:
-            reqs[q.qid] = req
+    """The benchmark replayed once through the in-memory runner (lexical only: the vectors
+    are built per configuration below); its memory-log and the questions' requests."""
+    runner = offline.runner_for(tuning, vector=False, graph=False)
+    log = asyncio.run(offline.replay(bench, runner, "soft"))
+    asked = {sid for sid in log.question_sessions}
+    reqs = {log.question_sessions[r["sessionId"]]: r for r in runner.records("recall-requests")
+            if r["sessionId"] in asked}
     embedder.embed(sorted({r["text"] for r in reqs.values()}))  # one batch, then cache hits
-    return Prepared(name, bench, events, reqs, AsyncEmbedder(embedder), folds)
+    return Prepared(name, bench, runner.records("memory-log"), reqs, AsyncEmbedder(embedder),
+                    folds)
 
 
 def ranked_turns(request: dict[str, Any], result: RecallResult, t: RankTuning) -> list[str]:
-    """The turn ids the broker's audit would list: rank's order, first audit_candidates,
-    without the question's own visible items (what metrics.per_question reads)."""
+    """The turn ids the broker's audit lists (`broker.audit_candidates`), without the
+    question's own visible items (what metrics.per_question reads)."""
     ranked = rank(result.candidates, request, (), "calibration", t)
-    return [host_provenance(r.candidate.provenance) for r in ranked.ordered[: t.audit_candidates]
-            if r.outcome != "visible"]
+    return [host_provenance(c["provenance"]) for c in audit_candidates(ranked, {}, t)
+            if c["outcome"] != "visible"]
 
 
 def question_scores(q: Question, turns: list[str]) -> dict[str, float]:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from mnemoflow.agents.injection_rules import detect_injection
+from mnemoflow.agents.injection_rules import load_rules
 from mnemoflow.evaluation.datasets import Benchmark, Question, session_of
-from mnemoflow.evaluation.replay import ReplayLog
+from mnemoflow.evaluation.replay_log import ReplayLog
 
 KS = (1, 3, 5, 10, 25)
 
@@ -105,6 +107,7 @@ def pipeline_metrics(bench: Benchmark, log: ReplayLog, data: TopicData,
                if m["op"] in ("memory_revoked", "fact_revoked", "procedure_deprecated")}
     injects = [op for op in data.inbox if op["op"] == "inject"]
     hay_injects = [op for op in injects if op["sessionId"] in log.haystack_sessions]
+    rules = load_rules()
     leak = revoked_items = unsafe = dup_in = dup_across = 0
     by_session: dict[str, list[dict]] = {}
     for op in injects:
@@ -115,7 +118,7 @@ def pipeline_metrics(bench: Benchmark, log: ReplayLog, data: TopicData,
         for it in p["items"]:
             leak += it["owner"] != users.get(p["sessionId"])
             revoked_items += it["memoryId"] in revoked
-            unsafe += detect_injection(it["text"]).flagged
+            unsafe += rules.detect(it["text"]).flagged
     for packets in by_session.values():
         packets.sort(key=lambda p: (p["contextCursor"], p["packetId"]))
         for a, b in zip(packets, packets[1:], strict=False):
@@ -158,3 +161,20 @@ def summarise(df: pl.DataFrame) -> dict[str, Any]:
             [pl.len().alias("n")] + [pl.col(c).cast(pl.Float64).mean().alias(c)
                                      for c in score_cols]).to_dicts()[0]
     return out
+
+
+WALL_CLOCK_FIELDS = ("emitTime", "ingestTime")  # when, not what: they differ between runs
+
+
+def question_audits(log: ReplayLog, data: TopicData) -> list[dict[str, Any]]:
+    """Every audit record of the question sessions (gate and broker), without its wall-clock
+    times, ordered by session and stage: what two runs of one replay must agree on."""
+    order = {sid: i for i, sid in enumerate(sorted(log.question_sessions))}
+    audits = [{k: v for k, v in a.items() if k not in WALL_CLOCK_FIELDS}
+              for a in data.audit if a["sessionId"] in order]
+    return sorted(audits, key=lambda a: (order[a["sessionId"]], a["stage"] != "gate",
+                                         a["eventSeq"], a["auditId"]))
+
+
+def write_audits(path: Path, audits: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(a, sort_keys=True, default=str) + "\n" for a in audits))

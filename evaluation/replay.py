@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from aiokafka import TopicPartition
 from rich.progress import Progress
 
-from mnemoflow.evaluation.datasets import TURN_GAP_MS, Benchmark
+from mnemoflow.evaluation.datasets import Benchmark
+from mnemoflow.evaluation.replay_log import ReplayLog, send_haystack
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.admin import admin_client
 from mnemoflow.streams.config import Settings
@@ -18,17 +19,6 @@ from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.reader import TopicReader
 from mnemoflow.streams.step import StepAssembler
-
-
-@dataclass
-class ReplayLog:
-    """What the host side did, keyed the way the metrics need it (ids only, no results)."""
-
-    mode: str
-    haystack_sessions: dict[str, str] = field(default_factory=dict)  # pipeline sid -> user
-    question_sessions: dict[str, str] = field(default_factory=dict)  # pipeline sid -> qid
-    haystack_events: int = 0
-    wall_s: dict[str, float] = field(default_factory=dict)
 
 
 def manifest(mode: str) -> CapabilityManifest:
@@ -111,20 +101,8 @@ async def replay(bench: Benchmark, settings: Settings, bootstrap: str, mode: str
         audit = AuditWatch(reader, alive=alive)
         task = progress.add_task("haystack turns", total=sum(len(s.turns) for s in bench.sessions)) \
             if progress else None
-        for sess in sorted(bench.sessions, key=lambda s: (s.user, s.time_ms, s.key)):
-            sid = f"{sess.user}/{sess.key}"
-            log.haystack_sessions[sid] = sess.user
-            hs = host.session(sid, sess.user)
-            await hs.lifecycle("start", sess.time_ms, man)
-            for i, turn in enumerate(sess.turns):
-                t = sess.time_ms + (i + 1) * TURN_GAP_MS
-                if turn.role == "user":
-                    await hs.user_message(turn.text, t, provenance=turn.provenance)
-                else:
-                    await hs.assistant_message(turn.text, t, provenance=turn.provenance)
-                if progress:
-                    progress.advance(task)
-            log.haystack_events += len(sess.turns) + 1
+        await send_haystack(bench, host.session, man, log,
+                            (lambda: progress.advance(task)) if progress else (lambda: None))
         hay = set(log.haystack_sessions)
         wait = progress.add_task("pipeline catching up", total=log.haystack_events) \
             if progress else None

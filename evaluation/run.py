@@ -58,10 +58,13 @@ def _cosine_inputs(bench: Benchmark, data: metrics.TopicData
     vectors (IndexTuning.vector_context_weight), and the baseline must stay plain cosine.
     The on-disk cache makes a repeated run cheap.
     """
-    from mnemoflow.evaluation.embed_cache import DiskCachedEmbedder
-    from mnemoflow.projections.embedding import MiniLMEmbedder
+    from mnemoflow.projections.embedding import (
+        DEFAULT_EMBED_CACHE_DIR,
+        CachedEmbedder,
+        MiniLMEmbedder,
+    )
 
-    emb = DiskCachedEmbedder(MiniLMEmbedder())
+    emb = CachedEmbedder(MiniLMEmbedder(), disk_dir=DEFAULT_EMBED_CACHE_DIR)
     # turn ids repeat across users (every LoCoMo conversation has a D1:3): key by owner too
     segs = [m for m in data.memory if m["op"] == "segment_recorded" and m.get("text")]
     vecs = emb.embed([m["text"] for m in segs])
@@ -115,6 +118,7 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
     }
     report.write(out, name, result)
     df.write_csv(out / "per_question.csv")
+    metrics.write_audits(out / "question_audits.jsonl", metrics.question_audits(log, data))
     con.print(f"report written to {out}")
     return result
 

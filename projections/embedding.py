@@ -4,8 +4,9 @@
 (BERT, 6 layers, 384 dims, mean pooling, L2 normalisation). It matches the PyTorch reference
 within float32 noise, so vectors written by it can sit in the same index as vectors written by
 sentence-transformers. `CachedEmbedder` makes replays cheap (a rebuilt projection embeds the
-same texts again), and `AsyncEmbedder` keeps the forward pass off the event loop with a deadline,
-so a slow embedding degrades recall to lexical search instead of stalling the stream.
+same texts again; with a folder, so do evaluation runs), and `AsyncEmbedder` keeps the forward
+pass off the event loop with a deadline, so a slow embedding degrades recall to lexical search
+instead of stalling the stream.
 
 Nothing here holds process-global state: the caller owns every instance, and the weights are
 loaded lazily by the instance that needs them.
@@ -17,7 +18,9 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +33,7 @@ import numpy as np
 __all__ = [
     "MINILM_SAFETENSORS_SHA256",
     "MINILM_TOKENIZER_SHA256",
+    "DEFAULT_EMBED_CACHE_DIR",
     "AsyncEmbedder",
     "CachedEmbedder",
     "Embedder",
@@ -39,6 +43,9 @@ __all__ = [
 
 MINILM_SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+# where evaluation runs keep their on-disk embedding cache (CachedEmbedder(disk_dir=...))
+DEFAULT_EMBED_CACHE_DIR = Path(os.environ.get("MNEMOFLOW_EMB_CACHE", "/tmp/mnemo-emb-cache"))
+_DIGEST_BYTES = 32  # SHA-256: the cache key
 
 
 @runtime_checkable
@@ -486,24 +493,11 @@ class MiniLMEmbedder:
 
 # --------------------------------------------------------------------------- cache
 
-class CachedEmbedder:
-    """LRU cache in front of any Embedder, keyed by the SHA-256 of the UTF-8 text.
+class _Wrapper:
+    """A wrapper around an Embedder makes the same vectors, so it has the wrapped one's name,
+    dim and version (what the index records it was built with)."""
 
-    Replaying the memory-log (rebuilding a projection) or repeated text then costs a dict lookup
-    instead of a forward pass. Digests bound the key size whatever the text length. `misses`
-    counts texts actually sent to the wrapped model; `hits` counts everything else, including
-    a text repeated within one call. Thread-safe: it may sit behind an AsyncEmbedder.
-    """
-
-    def __init__(self, inner: Embedder, max_entries: int = 50_000) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be >= 1")
-        self.inner = inner
-        self.max_entries = max_entries
-        self.hits = 0
-        self.misses = 0
-        self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+    inner: Embedder
 
     @property
     def name(self) -> str:
@@ -517,10 +511,89 @@ class CachedEmbedder:
     def version(self) -> str:
         return self.inner.version
 
+
+class _DiskShards:
+    """Vectors persisted as .npy shards in one folder: `<stem>.vecs.npy` and `<stem>.keys.npy`.
+
+    Shards are append-only files with unique names, so concurrent runs never clobber each
+    other and a torn write loses only its own shard. Shards are memory-mapped: only the keys
+    are held in memory. Not thread-safe on its own (CachedEmbedder locks around it).
+    """
+
+    def __init__(self, folder: Path, dim: int) -> None:
+        self.folder, self.dim = folder, dim
+        folder.mkdir(parents=True, exist_ok=True)
+        self._where: dict[bytes, tuple[np.ndarray, int]] = {}
+        for keys_file in sorted(folder.glob("*.keys.npy")):
+            vec_file = keys_file.with_name(keys_file.name.replace(".keys.npy", ".vecs.npy"))
+            try:
+                keys = np.load(keys_file)
+                vecs = np.load(vec_file, mmap_mode="r")
+            except (OSError, ValueError):
+                continue  # a shard torn by a killed run: its texts are embedded again
+            if len(keys) != len(vecs) or vecs.shape[1:] != (dim,):
+                continue
+            for row, key in enumerate(keys):
+                # numpy drops the trailing NUL bytes of an S32 item: put them back
+                self._where[bytes(key).ljust(_DIGEST_BYTES, b"\0")] = (vecs, row)
+
     def __len__(self) -> int:
+        return len(self._where)
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        found = self._where.get(key)
+        return None if found is None else np.array(found[0][found[1]], dtype=np.float32)
+
+    def write(self, keys: list[bytes], vecs: np.ndarray) -> None:
+        stem = uuid.uuid4().hex
+        vec_file = self.folder / f"{stem}.vecs.npy"
+        np.save(vec_file, vecs.astype(np.float32))
+        # keys last, renamed into place: a shard counts only once its keys file exists
+        tmp = self.folder / f"{stem}.keys.tmp.npy"
+        np.save(tmp, np.frombuffer(b"".join(keys), dtype=f"S{_DIGEST_BYTES}"))
+        tmp.replace(self.folder / f"{stem}.keys.npy")
+        stored = np.load(vec_file, mmap_mode="r")
+        self._where.update((k, (stored, row)) for row, k in enumerate(keys))
+
+
+class CachedEmbedder(_Wrapper):
+    """Cache in front of any Embedder, keyed by the SHA-256 of the UTF-8 text: an LRU of at
+    most `max_entries` vectors in memory and, with `disk_dir`, every vector on disk as well.
+
+    Replaying the memory-log (rebuilding a projection) or repeated text then costs a dict lookup
+    instead of a forward pass; the disk cache lets evaluation runs embed each benchmark text
+    once per model version (vectors live under `disk_dir/<version>`, so another model never
+    reads them). Digests bound the key size whatever the text length. Misses are embedded
+    `chunk` texts at a time, each chunk written to disk as it is done, so a killed run keeps
+    what it embedded. `misses` counts texts actually sent to the wrapped model; `hits` counts
+    everything else, including a text repeated within one call. Thread-safe: it may sit
+    behind an AsyncEmbedder.
+    """
+
+    def __init__(self, inner: Embedder, max_entries: int = 50_000, disk_dir: Path | None = None,
+                 chunk: int = 256) -> None:
+        if max_entries < 1 or chunk < 1:
+            raise ValueError("max_entries and chunk must be >= 1")
+        self.inner = inner
+        self.max_entries = max_entries
+        self.chunk = chunk
+        self.hits = 0
+        self.misses = 0
+        self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._disk = (_DiskShards(disk_dir / inner.version.replace("/", "_"), inner.dim)
+                      if disk_dir is not None else None)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Vectors held in memory (the disk may hold more)."""
         return len(self._cache)
 
+    @property
+    def on_disk(self) -> int:
+        return len(self._disk) if self._disk is not None else 0
+
     def clear(self) -> None:
+        """Empty the in-memory LRU; the disk cache stays."""
         with self._lock:
             self._cache.clear()
 
@@ -534,35 +607,52 @@ class CachedEmbedder:
     def _key(text: str) -> bytes:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
+    def _remember(self, key: bytes, vec: np.ndarray) -> None:
+        """Put a vector in the LRU as its most recent entry (caller holds the lock)."""
+        stored = vec.copy()
+        stored.flags.writeable = False
+        self._cache[key] = stored
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+
+    def _lookup(self, key: bytes) -> np.ndarray | None:
+        """From memory, else from disk into memory; None on a miss (caller holds the lock)."""
+        vec = self._cache.get(key)
+        if vec is not None:
+            self._cache.move_to_end(key)
+            return vec
+        vec = self._disk.get(key) if self._disk is not None else None
+        if vec is not None:
+            self._remember(key, vec)
+        return vec
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """Cached rows are copied out: callers may modify the result without hurting the cache."""
         texts = _check_texts(texts)
-        keys = [self._key(t) for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         todo: dict[bytes, list[int]] = {}
         with self._lock:
-            for i, key in enumerate(keys):
-                vec = self._cache.get(key)
+            for i, key in enumerate(self._key(t) for t in texts):
+                vec = self._lookup(key)
                 if vec is not None:
-                    self._cache.move_to_end(key)
                     out[i] = vec
                 else:
                     todo.setdefault(key, []).append(i)
-        if todo:
-            # Embed outside the lock: a slow model must not block cache hits on other threads.
-            first = [rows[0] for rows in todo.values()]
-            fresh = np.asarray(self.inner.embed([texts[i] for i in first]), dtype=np.float32)
-            if fresh.shape != (len(first), self.dim):
+        missed = list(todo.items())
+        for s in range(0, len(missed), self.chunk):
+            part = missed[s:s + self.chunk]
+            # embed outside the lock: a slow model must not block cache hits on other threads
+            fresh = np.asarray(self.inner.embed([texts[rows[0]] for _, rows in part]),
+                               dtype=np.float32)
+            if fresh.shape != (len(part), self.dim):
                 raise ValueError(f"{self.name}: embed returned {fresh.shape}")
             with self._lock:
-                for (key, rows), vec in zip(todo.items(), fresh, strict=True):
+                for (key, rows), vec in zip(part, fresh, strict=True):
                     out[rows] = vec
-                    stored = vec.copy()
-                    stored.flags.writeable = False
-                    self._cache[key] = stored
-                    self._cache.move_to_end(key)
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
+                    self._remember(key, vec)
+                if self._disk is not None:
+                    self._disk.write([key for key, _ in part], fresh)
         with self._lock:
             self.misses += len(todo)
             self.hits += len(texts) - len(todo)
@@ -571,7 +661,7 @@ class CachedEmbedder:
 
 # --------------------------------------------------------------------------- async
 
-class AsyncEmbedder:
+class AsyncEmbedder(_Wrapper):
     """Runs a blocking Embedder in a thread pool and gives every call a deadline.
 
     numpy releases the GIL inside matmul, so the event loop keeps consuming while a batch is
@@ -586,18 +676,6 @@ class AsyncEmbedder:
         self._executor = ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="mnemoflow-embed"
         )
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def version(self) -> str:
-        return self.inner.version
 
     async def embed(self, texts: list[str], timeout: float) -> np.ndarray:
         """Embed off the loop; raise asyncio.TimeoutError if it takes longer than `timeout` s."""

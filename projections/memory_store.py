@@ -1,14 +1,15 @@
 """The in-process projection of the memory-log that recall reads: records + the lexical index.
 
 It is a fold: `apply(event)` for each memory-log record in log order, idempotent by eventId,
-so it can be dropped and rebuilt from the topic at any time. Revocation removes a memory
-from every index at once, so it can never be recalled again, and it cascades: a fact or
-alias extracted from a revoked segment, or a procedure whose every run was built on revoked
-episodes, goes too, unless it has other live provenance (another segment, a host write).
+so it can be dropped and rebuilt from the topic at any time. The rules of what an event does
+are pure functions in agents: facts and conflict sets, disputes and evidence (agents.facts),
+revocation and its cascade (agents.revocation), procedure stages (agents.procedure_fold), what
+is recallable (agents.memory_record). This module keeps the records, the tables those rules
+read (fact slots, conflict sets, fact candidates, the provenance graph) and the indexes, and
+applies the rules' results to them.
 
-What is recallable (`recallable`): a live record that no user has disputed; for procedures
-only the validated and active stages; never a fact candidate (consolidation's guesses wait
-for `fact_confirmed`). The lexical index holds exactly the recallable records.
+Revocation removes a memory from every index at once, so it can never be recalled again.
+The lexical index holds exactly the recallable records.
 
 A conversational segment is indexed with its session's previous segment as lexical context
 (IndexTuning.context_weight): an answer ("The Minnesota Wolves!") is found by the words of
@@ -18,104 +19,21 @@ gives the same index; a revoked segment stops being anyone's context.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from mnemoflow.agents import facts as F
+from mnemoflow.agents import procedure_fold as PF
 from mnemoflow.agents import procedures as P
+from mnemoflow.agents import revocation as R
 from mnemoflow.agents.candidate import Candidate, scope_chain
-from mnemoflow.agents.episodes import Episode
-from mnemoflow.agents.ids import stable_id
+from mnemoflow.agents.consolidate import episode_of
 from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
-from mnemoflow.agents.memory_events import REVOKE_OPS, json_list, parse_list
-from mnemoflow.agents.text import digest, semantic_key
+from mnemoflow.agents.memory_events import REVOKE_OPS
+from mnemoflow.agents.memory_record import AliasRecord, MemoryRecord, is_candidate, record_of
+from mnemoflow.agents.memory_record import recallable as record_recallable
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
-
-PROCEDURE_OPS = {"procedure_observed", "procedure_staged", "procedure_promoted",
-                 "procedure_deprecated", "procedure_approved"}
-
-# G-01 bounds: a tool outcome after a delivery is weak, correlational evidence, so it moves
-# confidence a little and never to certainty; a failure weighs twice a success (an amplified
-# wrong memory costs more than a missed right one).
-REINFORCE_STEP = 0.05
-WEAKEN_STEP = 0.1
-CONFIDENCE_FLOOR = 0.05
-CONFIDENCE_CEIL = 0.95
-EVIDENCE_KEPT = 32
-
-
-@dataclass(frozen=True)
-class MemoryRecord:
-    memory_id: str
-    kind: str
-    text: str
-    scope: str
-    owner: str
-    session_id: str
-    event_seq: int
-    event_time: int
-    provenance: tuple[str, ...]
-    entities: tuple[str, ...]
-    digest: str
-    semantic_key: str
-    confidence: float = 0.5
-    source: str = "user"
-    revoked: bool = False
-    ttl_ms: int | None = None
-    risk_level: str | None = None
-    frequency: int = 0
-    attributes: dict[str, str] = field(default_factory=dict)
-    disputed: bool = False  # a user said it is wrong: kept in the conflict set, not recalled
-    evidence: tuple[str, ...] = ()  # G-01 outcome events, "+eventId" / "-eventId", newest last
-
-    @property
-    def expires_at(self) -> int | None:
-        return None if self.ttl_ms is None else self.event_time + self.ttl_ms
-
-    def candidate(self, relevance: float) -> Candidate:
-        return Candidate(
-            memory_id=self.memory_id, kind=self.kind, text=self.text, scope=self.scope,
-            owner=self.owner, session_id=self.session_id, event_seq=self.event_seq,
-            event_time=self.event_time, provenance=",".join(self.provenance),
-            digest=self.digest, semantic_key=self.semantic_key, relevance=relevance,
-            confidence=self.confidence, salience=float(self.attributes.get("salience", 0) or 0),
-            frequency=self.frequency, revoked=self.revoked, expires_at=self.expires_at,
-            risk_level=self.risk_level)
-
-
-@dataclass(frozen=True)
-class AliasRecord:
-    alias: str
-    target: str
-    scope: str
-    owner: str
-    revoked: bool = False
-
-
-def _sources(ev: dict[str, Any]) -> tuple[str, ...] | None:
-    """The memories an event was derived from, or None when it stands on its own (a host
-    write, a user fact from before extraction named its segment)."""
-    attrs = ev.get("attributes") or {}
-    if attrs.get("sources"):
-        return parse_list(attrs["sources"])
-    if ev["kind"] == "fact" and attrs.get("rule") and ev.get("source") != "host":
-        # extracted before facts named their segment: the segment id is derived the same way
-        return (stable_id("seg", ev["sessionId"], "session-events", ev["eventSeq"]),)
-    return None
-
-
-def _episode(ev: dict[str, Any]) -> Episode:
-    """The run a `procedure_observed` event carries (see agents.consolidate)."""
-    a = ev.get("attributes") or {}
-    steps = parse_list(a.get("steps"))
-    return Episode(
-        key=a.get("runKey") or ev["eventId"], owner=ev["owner"], scope=ev["scope"],
-        session_id=ev["sessionId"], turn=int(a.get("turn") or 0), intent=a.get("intent", ""),
-        actions=steps, entities=tuple(ev.get("entities") or ()), unresolved=(),
-        outcome=a.get("outcome", "success"), provenance=tuple(ev.get("provenance") or ()),
-        start_time=ev["eventTime"], event_time=ev["eventTime"], event_seq=ev["eventSeq"],
-        episode_ids=parse_list(a.get("sources")),
-        failures=tuple((t, "") for t in parse_list(a.get("failedSteps"))))
 
 
 class MemoryStore:
@@ -140,8 +58,8 @@ class MemoryStore:
         self.by_owner: dict[tuple[str, str], set[str]] = {}  # (scope, owner) -> memory ids
         self.by_kind: dict[str, set[str]] = {}
         self.by_session: dict[str, set[str]] = {}
-        self.active_fact: dict[tuple[str, str, str], str] = {}  # (owner, subj, pred) -> id
-        self.conflicts: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        self.active_fact: dict[F.FactKey, str] = {}  # slot -> the fact in force
+        self.conflicts: dict[F.FactKey, F.Sides] = {}
         self.procedures: dict[str, P.Procedure] = {}
         self.aliases: dict[str, AliasRecord] = {}
         self.fact_candidates: dict[str, dict[str, Any]] = {}  # id -> the proposing event
@@ -176,25 +94,25 @@ class MemoryStore:
         if op in ("link_added", "link_revoked"):
             return True  # graph edges, not memories: the graph projection folds them
         if op in ("alias_added", "alias_revoked"):
-            return self._alias(ev)
-        if op in PROCEDURE_OPS or (op in REVOKE_OPS and mid in self.procedures):
-            return self._procedure(ev)
-        old = self.records.get(mid)
-        if op in REVOKE_OPS:
+            self._alias(ev)
+        elif op in PF.PROCEDURE_OPS or (op in REVOKE_OPS and mid in self.procedures):
+            self._procedure(ev)
+        elif op in REVOKE_OPS:
             self._revoke(mid, op)
-            return True
-        if op in ("fact_proposed", "fact_upserted"):
-            return self._propose(ev)
-        if op == "fact_confirmed":
+        elif op in ("fact_proposed", "fact_upserted"):
+            self._propose(ev)
+        elif op == "fact_confirmed":
             return self._confirm(ev)
-        if op == "fact_conflicted":
-            return self._dispute(ev)
-        if op in ("evidence_reinforce", "evidence_weaken"):
-            return self._evidence(ev)
-        if old is not None and old.revoked:
-            return True  # a revoked memory stays revoked until a new id is written
-        self._index(self._record(ev))
+        elif op == "fact_conflicted":
+            self._dispute(ev)
+        elif op in ("evidence_reinforce", "evidence_weaken"):
+            self._evidence(ev)
+        elif (old := self.records.get(mid)) is None or not old.revoked:
+            # (a revoked memory stays revoked until a new id is written)
+            self._index(record_of(ev))
         return True
+
+    # ------------------------------------------------------------------------- indexes
 
     def _index(self, rec: MemoryRecord) -> None:
         new = rec.memory_id not in self.records
@@ -211,6 +129,12 @@ class MemoryStore:
             self._last_segment[rec.session_id] = rec.memory_id
         self._sync(rec.memory_id)
 
+    def _unindex(self, rec: MemoryRecord) -> None:
+        """Out of the read indices (a record dropped without a trace, never a revocation)."""
+        self.by_owner.get((rec.scope, rec.owner), set()).discard(rec.memory_id)
+        self.by_kind.get(rec.kind, set()).discard(rec.memory_id)
+        self.by_session.get(rec.session_id, set()).discard(rec.memory_id)
+
     def _sync(self, mid: str) -> None:
         """The lexical index holds exactly the recallable records."""
         rec = self.records.get(mid)
@@ -220,28 +144,6 @@ class MemoryStore:
                                         rec.entities, prev.text if prev is not None else ""))
         else:
             self.lexical.remove(mid)
-
-    def _is_revoked(self, mid: str) -> bool:
-        rec = self.records.get(mid)
-        if rec is not None:
-            return rec.revoked
-        al = self.aliases.get(mid)
-        return al is not None and al.revoked
-
-    def _link(self, mid: str, ev: dict[str, Any]) -> None:
-        srcs = _sources(ev)
-        if srcs is None:
-            self.anchored.add(mid)
-            return
-        for src in srcs:
-            self.sources.setdefault(mid, set()).add(src)
-            self.derived.setdefault(src, set()).add(mid)
-
-    def _orphaned(self, mid: str) -> bool:
-        """Derived only from memories that are all revoked (and not written on its own)."""
-        srcs = self.sources.get(mid)
-        return (mid not in self.anchored and bool(srcs)
-                and all(self._is_revoked(s) for s in srcs))
 
     def _live_segment(self, mid: str | None) -> str | None:
         """`mid`, or the nearest segment before it in its session that is not revoked."""
@@ -260,11 +162,33 @@ class MemoryStore:
         prev = self.records.get(self._live_segment(self._context_of.get(memory_id)) or "")
         return prev if prev is not None and not prev.revoked else None
 
+    # ------------------------------------------------------------------------- revocation
+
+    def _link(self, mid: str, ev: dict[str, Any]) -> None:
+        srcs = R.sources_of(ev)
+        if srcs is None:
+            self.anchored.add(mid)
+        else:
+            self._derive(mid, srcs)
+
+    def _derive(self, mid: str, srcs: Iterable[str]) -> None:
+        for src in srcs:
+            self.sources.setdefault(mid, set()).add(src)
+            self.derived.setdefault(src, set()).add(mid)
+
     def _revoke(self, mid: str, why: str) -> None:
+        for step in R.plan(self, mid, why, self.latest_event_time):
+            if isinstance(step, R.Revoke):
+                self._hide(step.memory_id, step.reason)
+            elif isinstance(step, R.DropAlias):
+                self._drop_alias(step.alias_id)
+            else:
+                self._put_procedure(step.procedure)
+
+    def _hide(self, mid: str, why: str) -> None:
         old = self.records.get(mid)
         if old is not None and not old.revoked:
-            self.records[mid] = replace(old, revoked=True,
-                                        attributes={**old.attributes, "revokedBy": why})
+            self.records[mid] = R.revoked_record(old, why)
             self.lexical.remove(mid)
             self.revocations.append(mid)
             nxt = self.records.get(self._next_of.pop(mid, ""))
@@ -280,41 +204,27 @@ class MemoryStore:
                 self._sync(nxt.memory_id)
                 self.relinked.append(nxt.memory_id)
         self.fact_candidates.pop(mid, None)
-        self._cascade(mid)
 
-    def _cascade(self, mid: str) -> None:
-        """Revoke what was derived from `mid` and has no other live provenance."""
-        for dep in sorted(self.derived.get(mid, ())):
-            if dep in self.procedures:
-                p = P.revoke_sources(self.procedures[dep], mid)
-                if not P.has_live_runs(p):
-                    p = P.apply_transition(p, P.Transition(p.stage, "deprecated", "",
-                                                           self.latest_event_time,
-                                                           f"cascade:{mid}"))
-                self._put_procedure(p)
-            elif self._orphaned(dep):
-                if dep in self.aliases:
-                    self._drop_alias(dep)
-                else:
-                    self._revoke(dep, f"cascade:{mid}")
+    def _revoke_if_orphaned(self, mid: str) -> None:
+        if R.orphaned(self, mid):
+            self._revoke(mid, R.SOURCES_REVOKED)
 
     # ------------------------------------------------------------------------- aliases (M-05)
 
-    def _alias(self, ev: dict[str, Any]) -> bool:
+    def _alias(self, ev: dict[str, Any]) -> None:
         """Aliases only expand queries (low prior); they never touch a record or its confidence."""
         mid = ev["memoryId"]
         alias, target = ev["subject"] or "", ev["object"] or ""
         if ev["op"] == "alias_revoked":
             self.aliases.setdefault(mid, AliasRecord(alias, target, ev["scope"], ev["owner"]))
             self._drop_alias(mid, alias, target, ev["scope"], ev["owner"])
-            return True
+            return
         self._link(mid, ev)
         self.aliases[mid] = AliasRecord(alias, target, ev["scope"], ev["owner"])
-        if self._orphaned(mid):
+        if R.orphaned(self, mid):
             self._drop_alias(mid)
         else:
             self.lexical.add_alias(alias, target, ev["scope"], ev["owner"])
-        return True
 
     def _drop_alias(self, mid: str, *spec: str) -> None:
         al = self.aliases[mid]
@@ -324,83 +234,38 @@ class MemoryStore:
 
     # ------------------------------------------------------------------------- facts (M-03)
 
-    def _record(self, ev: dict[str, Any]) -> MemoryRecord:
-        text = ev.get("text") or ""
-        return MemoryRecord(
-            memory_id=ev["memoryId"], kind=ev["kind"], text=text, scope=ev["scope"],
-            owner=ev["owner"], session_id=ev["sessionId"], event_seq=ev["eventSeq"],
-            event_time=ev["eventTime"], provenance=tuple(ev.get("provenance") or ()),
-            entities=tuple(ev.get("entities") or ()), digest=digest(text),
-            semantic_key=semantic_key(text), confidence=float(ev.get("confidence", 0.5)),
-            source=ev.get("source", "user"), ttl_ms=ev.get("ttlMs"), risk_level=ev.get("riskLevel"),
-            attributes={**(ev.get("attributes") or {}),
-                        **{k: ev[k] for k in ("subject", "predicate", "object") if ev.get(k)}})
-
-    def _propose(self, ev: dict[str, Any]) -> bool:
+    def _propose(self, ev: dict[str, Any]) -> None:
         mid = ev["memoryId"]
         self._link(mid, ev)
-        if (ev.get("attributes") or {}).get("status") == "candidate":
-            return self._candidate(ev)
-        self.fact_candidates.pop(mid, None)
-        self._fact(ev)
-        if self._orphaned(mid):
-            self._revoke(mid, "cascade:sources-revoked")
-        return True
-
-    def _candidate(self, ev: dict[str, Any]) -> bool:
-        """A fact guessed by consolidation: kept and listed, never recalled until confirmed."""
-        mid = ev["memoryId"]
-        cur = self.records.get(mid)
-        if cur is not None and cur.attributes.get("status") != "candidate":
-            return True  # already a real fact (or revoked): a guess changes nothing
-        if cur is not None:
-            prov = tuple(dict.fromkeys(cur.provenance + tuple(ev.get("provenance") or ())))
-            self.records[mid] = replace(cur, provenance=prov, frequency=cur.frequency + 1)
-        else:
-            self._index(self._record(ev))
+        if not is_candidate(ev.get("attributes")):
+            self.fact_candidates.pop(mid, None)
+            self._fact(ev)
+        elif (cur := self.records.get(mid)) is None:
+            self._index(record_of(ev))
             self.fact_candidates[mid] = ev
-        if self._orphaned(mid):
-            self._revoke(mid, "cascade:sources-revoked")
-        return True
+        elif is_candidate(cur.attributes):
+            self.records[mid] = F.restated(cur, ev.get("provenance") or ())
+        else:
+            return  # already a real fact (or revoked): a guess changes nothing
+        self._revoke_if_orphaned(mid)
 
-    def _fact(self, ev: dict[str, Any]) -> bool:
-        """M-03: user-stated beats inferred, an inference never overwrites a user's fact, an
-        explicit correction supersedes, and two user statements that disagree stay in a
-        conflict set (both sides' provenance kept) until one is confirmed or revoked."""
-        if not ev.get("subject") and not ev.get("predicate"):
-            self._index(self._record(ev))  # a free note has no value to conflict with
-            return True
-        key = (ev["owner"], ev["subject"] or "", ev["predicate"] or "")
-        new = self._record(ev)
+    def _fact(self, ev: dict[str, Any]) -> None:
+        key = F.fact_key(ev)
+        if key is None:
+            self._index(record_of(ev))  # a free note: no slot, nothing to conflict with
+            return
         cur_id = self.active_fact.get(key)
-        cur = self.records.get(cur_id) if cur_id else None
-        if cur is not None and not cur.revoked and cur.memory_id == new.memory_id:
-            merged = tuple(dict.fromkeys(cur.provenance + new.provenance))
-            self.records[cur.memory_id] = replace(cur, provenance=merged,
-                                                  frequency=cur.frequency + 1)
-            return True
-        if cur is None or cur.revoked:
-            self.active_fact[key] = new.memory_id
-            self._index(new)
-            return True
-        side = {"memoryId": new.memory_id, "object": ev["object"], "source": new.source,
-                "provenance": list(new.provenance)}
-        conflict = self.conflicts.setdefault(key, [
-            {"memoryId": cur.memory_id, "object": cur.text, "source": cur.source,
-             "provenance": list(cur.provenance)}])
-        if new.source == "inference" and cur.source in ("user", "host"):
-            conflict.append({**side, "status": "rejected-inference"})
-            return True
-        if new.attributes.get("correction") == "1" or (
-                new.source in ("user", "host") and cur.source == "inference"):
-            conflict.append({**side, "status": "superseded-previous"})
-            self._revoke(cur.memory_id, f"superseded by {new.memory_id}")
-            self.active_fact[key] = new.memory_id
-            self._index(new)
-            return True
-        conflict.append({**side, "status": "open"})
-        self._index(replace(new, attributes={**new.attributes, "conflict": "open"}))
-        return True
+        up = F.upsert(ev, self.records.get(cur_id) if cur_id else None, self.conflicts.get(key))
+        if up.sides is not None:
+            self.conflicts[key] = up.sides
+        if up.revoke is not None:
+            self._revoke(up.revoke.memory_id, up.revoke.reason)
+        if up.active is not None:
+            self.active_fact[key] = up.active
+        if up.record is not None and up.reindex:
+            self._index(up.record)
+        elif up.record is not None:
+            self.records[up.record.memory_id] = up.record
 
     def _confirm(self, ev: dict[str, Any]) -> bool:
         """Settles a conflict for this fact, lifts a user's dispute, or accepts a candidate."""
@@ -408,159 +273,69 @@ class MemoryStore:
         found = False
         if mid in self.fact_candidates:
             cand = self.fact_candidates.pop(mid)
-            attrs = {**cand["attributes"], "status": "confirmed"}
             old = self.records.pop(mid, None)
-            self._fact({**cand, "attributes": attrs})
+            self._fact(F.accepted(cand))
             if mid not in self.records and old is not None:
-                # refused (an inference against a user's fact): it leaves the read indices too
-                self.by_owner.get((old.scope, old.owner), set()).discard(mid)
-                self.by_kind.get(old.kind, set()).discard(mid)
-                self.by_session.get(old.session_id, set()).discard(mid)
-            if ev.get("source") in ("user", "host"):
-                self.anchored.add(mid)  # a person vouched for it: it now stands on its own
+                self._unindex(old)  # refused (an inference against a user's fact)
+            if F.vouched(ev):
+                self.anchored.add(mid)
             found = True
         rec = self.records.get(mid)
         if rec is not None and rec.disputed and not rec.revoked:
-            self.records[mid] = replace(rec, disputed=False, attributes={
-                k: v for k, v in rec.attributes.items() if k != "conflict"})
+            self.records[mid] = F.undisputed(rec)
             self._sync(mid)
             found = True
-        for key, sides in self.conflicts.items():
-            if any(s["memoryId"] == mid for s in sides):
-                for s in sides:
-                    if s["memoryId"] != mid:
-                        self._revoke(s["memoryId"], f"conflict resolved for {mid}")
-                    elif s.get("status") == "disputed":
-                        s["status"] = "dismissed"
-                self.active_fact[key] = mid
-                return True
-        return found
+        key = F.conflict_of(self.conflicts, mid)
+        if key is None:
+            return found
+        self.conflicts[key], losers = F.settle(self.conflicts[key], mid)
+        for loser in losers:
+            self._revoke(loser.memory_id, loser.reason)
+        self.active_fact[key] = mid
+        return True
 
-    def _dispute(self, ev: dict[str, Any]) -> bool:
-        """G-01: a user's correction puts the memory into the conflict set with the
-        correction's provenance and stops recalling it until someone confirms it."""
+    def _dispute(self, ev: dict[str, Any]) -> None:
+        """G-01: a user's correction joins the memory's conflict set and hides the memory until
+        someone confirms it."""
         mid = ev["memoryId"]
         rec = self.records.get(mid)
         if rec is None or rec.revoked:
-            return True
-        attrs = rec.attributes
-        key = (rec.owner, attrs.get("subject") or mid, attrs.get("predicate") or "")
-        sides = self.conflicts.setdefault(key, [
-            {"memoryId": mid, "object": rec.text, "source": rec.source,
-             "provenance": list(rec.provenance)}])
-        sides.append({"memoryId": ev["eventId"], "object": ev.get("text") or "",
-                      "source": ev.get("source", "user"),
-                      "provenance": list(ev.get("provenance") or ()), "status": "disputed"})
+            return
+        key = F.dispute_key(rec)
+        self.conflicts[key] = F.with_side(self.conflicts.get(key), rec, F.dispute_side(ev))
         if mid in self.procedures:
-            self._put_procedure(P.add_outcome(self.procedures[mid], ev["eventId"], "dispute",
-                                              ev["sessionId"], "failure", ev["eventTime"]))
+            self._put_procedure(PF.outcome(self.procedures[mid], ev))
             rec = self.records[mid]
-        conf = min(rec.confidence, max(CONFIDENCE_FLOOR, rec.confidence - WEAKEN_STEP))
-        self.records[mid] = replace(rec, disputed=True, confidence=conf,
-                                    attributes={**rec.attributes, "conflict": "disputed"})
+        self.records[mid] = F.disputed(rec)
         self._sync(mid)
-        return True
 
-    # ------------------------------------------------------------------------- evidence (G-01)
-
-    def _evidence(self, ev: dict[str, Any]) -> bool:
-        """Reinforce/weaken: bounded confidence steps and an evidence list on the record; for a
-        procedure the outcome becomes reuse evidence that the promotion rules read."""
+    def _evidence(self, ev: dict[str, Any]) -> None:
         mid = ev["memoryId"]
         rec = self.records.get(mid)
         if rec is None or rec.revoked:
-            return True
-        up = ev["op"] == "evidence_reinforce"
-        if mid in self.procedures:
-            self._put_procedure(P.add_outcome(self.procedures[mid], ev["eventId"], "reuse",
-                                              ev["sessionId"], "success" if up else "failure",
-                                              ev["eventTime"]))
+            return
+        procedure = mid in self.procedures
+        if procedure:
+            self._put_procedure(PF.outcome(self.procedures[mid], ev))
             rec = self.records[mid]
-            conf = rec.confidence  # a procedure's confidence is its evidence's success share
-        elif up:
-            conf = max(rec.confidence, min(CONFIDENCE_CEIL, rec.confidence + REINFORCE_STEP))
-        else:
-            conf = min(rec.confidence, max(CONFIDENCE_FLOOR, rec.confidence - WEAKEN_STEP))
-        trail = (*rec.evidence, ("+" if up else "-") + ev["eventId"])[-EVIDENCE_KEPT:]
-        bump = 0 if mid in self.procedures else 1  # a procedure's frequency counts its runs
-        self.records[mid] = replace(rec, confidence=conf, frequency=rec.frequency + bump,
-                                    evidence=trail)
-        return True
+        self.records[mid] = F.with_evidence(rec, ev, procedure=procedure)
 
     # ------------------------------------------------------------------------- procedures (M-04)
 
-    def _procedure(self, ev: dict[str, Any]) -> bool:
-        op, mid = ev["op"], ev["memoryId"]
-        p = self.procedures.get(mid)
-        if op == "procedure_observed":
-            if p is not None and p.stage == "deprecated":
-                return True  # terminal: a deprecated procedure is never revived
-            run = _episode(ev)
-            if not run.actions:
-                return True  # malformed: a procedure is its steps
-            for src in run.episode_ids:
-                self.sources.setdefault(mid, set()).add(src)
-                self.derived.setdefault(src, set()).add(mid)
-            revoked = frozenset(s for s in run.episode_ids if self._is_revoked(s))
-            p = P.observe_episode(p or replace(P.new_procedure(run), procedure_id=mid), run,
-                                  revoked)
-            if not P.has_live_runs(p):
-                p = P.apply_transition(p, P.Transition(p.stage, "deprecated", ev["eventId"],
-                                                       ev["eventTime"], "no-live-evidence"))
-        elif p is None:
-            return True  # a stage event for a procedure never observed: nothing to move
-        elif op == "procedure_approved":
-            if ev.get("source") not in ("user", "host"):
-                return True  # only a person (through the host) can approve
-            p = replace(p, approved=True)
-        elif op in REVOKE_OPS and op != "procedure_deprecated":
-            p = P.apply_transition(p, P.Transition(p.stage, "deprecated", ev["eventId"],
-                                                   ev["eventTime"], "revoked"))
-        else:
-            a = ev.get("attributes") or {}
-            if a.get("decision") == "ask":
-                p = replace(p, approval_requested=True)
-            else:
-                to = "deprecated" if op == "procedure_deprecated" else a.get("stage", "")
-                frm = p.stage if to == "deprecated" else a.get("fromStage", "")
-                if to not in P.RANK:
-                    return True
-                p = P.apply_transition(p, P.Transition(
-                    frm, to, ev["eventId"], ev["eventTime"], a.get("reason", ""),
-                    parse_list(a.get("evidence"))))
+    def _procedure(self, ev: dict[str, Any]) -> None:
+        mid = ev["memoryId"]
+        p = PF.step(self.procedures.get(mid), ev, lambda m: R.is_revoked(self, m))
+        if p is None:
+            return
+        if ev["op"] == "procedure_observed":
+            self._derive(mid, episode_of(ev).episode_ids)
         self._put_procedure(p, ev)
-        return True
 
     def _put_procedure(self, p: P.Procedure, ev: dict[str, Any] | None = None) -> None:
-        """The procedure's record: rendered checklist text, confidence from its evidence, and
-        the time it entered its current stage (recall's event-time cut applies to that)."""
-        self.procedures[p.procedure_id] = p
         old = self.records.get(p.procedure_id)
-        runs = [e for e in P.live(p) if e.kind == "run"]
-        entered = p.history[-1].event_time if p.history else (
-            old.event_time if old is not None else (ev or {}).get("eventTime", 0))
-        attrs = {"stage": p.stage, "steps": json_list(p.steps),
-                 "requiresApproval": "1" if p.requires_approval else "0",
-                 "approved": "1" if p.approved else "0",
-                 "approvalRequested": "1" if p.approval_requested else "0"}
-        if old is not None and "conflict" in old.attributes:
-            attrs["conflict"] = old.attributes["conflict"]
-        text = P.render(p)
-        rec = MemoryRecord(
-            memory_id=p.procedure_id, kind="procedure", text=text, scope=p.scope, owner=p.owner,
-            session_id=runs[0].session_id if runs else (old.session_id if old else ""),
-            event_seq=old.event_seq if old is not None else int((ev or {}).get("eventSeq", 0)),
-            event_time=int(entered),
-            provenance=tuple(dict.fromkeys(f"{e.key}" for e in runs))[-16:],
-            entities=tuple(dict.fromkeys(x for e in runs for x in e.entities))[:16],
-            digest=digest(text), semantic_key=semantic_key(text), confidence=P.confidence(p),
-            source="inference", revoked=p.stage == "deprecated", risk_level=p.risk_level,
-            frequency=len(runs), attributes=attrs,
-            disputed=old.disputed if old is not None else False,
-            evidence=old.evidence if old is not None else ())
+        rec = PF.procedure_record(p, old, ev)
+        self.procedures[p.procedure_id] = p
         if rec.revoked and (old is None or not old.revoked):
-            rec = replace(rec, attributes={**attrs, "revokedBy": p.history[-1].reason
-                                           if p.history else "deprecated"})
             self.revocations.append(p.procedure_id)
         self._index(rec)
 
@@ -568,13 +343,7 @@ class MemoryStore:
 
     def recallable(self, mid: str) -> bool:
         """May recall return this memory? (the lexical index and the vector tier both ask)"""
-        rec = self.records.get(mid)
-        if rec is None or rec.revoked or rec.disputed:
-            return False
-        if rec.kind == "procedure":
-            p = self.procedures.get(mid)
-            return p is not None and p.recallable
-        return not (rec.kind == "fact" and rec.attributes.get("status") == "candidate")
+        return record_recallable(self.records.get(mid), self.procedures.get(mid))
 
     def has_event(self, event_id: str) -> bool:
         return event_id in self._applied
@@ -592,9 +361,6 @@ class MemoryStore:
 
     def all_procedures(self) -> list[P.Procedure]:
         return [self.procedures[m] for m in sorted(self.procedures)]
-
-    def conflict_sets(self, owner: str) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-        return {k: v for k, v in self.conflicts.items() if k[0] == owner}
 
     def search_lexical(self, request: dict[str, Any], k: int) -> list[Candidate]:
         """Scope-filtered BM25/entity/alias hits that existed before the request (event time).

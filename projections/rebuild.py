@@ -48,7 +48,7 @@ async def rebuild(events: list[dict[str, Any]], index_path: Path, embedder: Asyn
     """
     tuning = tuning if tuning is not None else packaged_index_tuning()
     store = MemoryStore(index=tuning)
-    index = open_index(index_path, index_meta(embedder, tuning), rebuild=True)
+    index = await open_index(index_path, index_meta(embedder, tuning), rebuild=True)
     vectors = VectorSink(index, embedder, store=store,
                          context_weight=tuning.vector_context_weight,
                          embed_max_chars=tuning.embed_max_chars)

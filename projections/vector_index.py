@@ -1,17 +1,22 @@
-"""LanceDB projection of the memory-log: one table per kind family, searched with prefilters.
+"""LanceDB projection of the memory-log: one table per kind family, through LanceDB's async API.
 
 Tables: `episodes` (segments and episodes), `facts`, `procedures`, `aliases` (M-06/M-07). Each
-has the vector, the text with a full-text (BM25) index, and the scalar columns every search
-filters on: scope, owner, event time, expiry, revoked (a vector search without a time
-window prefilters on scope and owner only and checks the times itself: VectorIndex.search).
+has the vector, the text with a full-text (BM25) index, and the columns searches filter on:
+scope and owner (with scalar indices), event time and expiry. Revocation deletes the row.
 Splitting by kind keeps each table's ANN index trained on one distribution and lets a caller
-search only the kinds it wants; a search over several tables merges by similarity with ties
-broken by memory id, so the answer does not depend on table order.
+search only the kinds it wants; a search over several tables queries them side by side and
+merges by score with ties broken by memory id, so the answer does not depend on table order.
+
+Filtering (VectorIndex.search, VectorIndex.text_search): the full-text search and a vector
+search with a time window give LanceDB the whole filter as a prefilter (scope chain, event time
+before the request, not expired, the window). A vector search without a window prefilters on
+the scope chain only and post-filters the hits on event time and expiry, from the times held
+in memory, with a whole-prefilter query when that leaves too few.
 
 The embedding model's name, dimension and version are stored next to the data (index_meta.json
-and every table's Arrow schema metadata). A mismatch is refused, never mixed:
-`open_index(..., rebuild=True)` drops the index so the projector re-embeds from the memory-log.
-Revocation deletes the row, so it cannot be recalled.
+and every table's Arrow schema metadata), and so is the layout. An index of another model or
+of another layout is refused with IndexMismatch, never mixed or moved:
+`open_index(..., rebuild=True)` drops it so the projector re-embeds from the memory-log.
 """
 
 from __future__ import annotations
@@ -19,20 +24,18 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Awaitable, Callable, KeysView, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import lancedb
 import numpy as np
 import pyarrow as pa
+from lancedb.db import AsyncConnection
 from lancedb.index import FTS, Bitmap, BTree, IvfPq
-
-try:  # the loop LanceDB's own sync API runs every call on; it lets one call await several
-    from lancedb.background_loop import LOOP as LANCE_LOOP
-except ImportError:  # pragma: no cover - another LanceDB: tables are searched one by one
-    LANCE_LOOP = None
+from lancedb.table import AsyncTable
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "episodes": ("segment", "episode"), "facts": ("fact",), "procedures": ("procedure",),
@@ -41,19 +44,21 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 FAMILY_OF = {kind: fam for fam, kinds in FAMILIES.items() for kind in kinds}
 # aliases have no MemoryStore record to become a Candidate, so recall does not search them
 RECALL_FAMILIES = ("episodes", "facts", "procedures")
-LEGACY_TABLE = "memories"  # the single table of layout 1, migrated on open
-LAYOUT = "per-kind/2"
+LAYOUT = "per-kind/3"  # 3: no `revoked` column (revocation always deleted the row)
 META = "index_meta.json"
 ANN_MIN_ROWS = 50_000  # per table: below this a prefiltered flat scan is exact and fast enough
 REFINE_FACTOR = 5  # an ANN search re-scores 5k PQ candidates with the stored vectors
 # scalar indices let the scope/owner prefilter read only the caller's rows instead of all
 SCALAR_INDICES = (("owner", BTree), ("scope", Bitmap))
-COMPACT_EVERY = 50  # adds; many small appends make many fragments
+COMPACT_EVERY = 50  # writes; many small appends make many fragments
 OVERFETCH = 10  # rows beyond k a scope-only prefiltered search asks for (VectorIndex.search)
+
+Hits = list[tuple[str, float]]
 
 
 class IndexMismatch(RuntimeError):
-    """The stored index was built with another embedding model: rebuild, do not mix."""
+    """The stored index was built with another embedding model or another layout: rebuild it
+    from the memory-log, do not mix."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +74,69 @@ class IndexMeta:
         return {f"mnemoflow.{k}": str(v) for k, v in self.to_json().items()}
 
 
+class MemoryIndex(Protocol):
+    """What the vector tier and sink need of an index: VectorIndex (LanceDB) and
+    array_index.ArrayIndex (in memory) both are one, with the semantics VectorIndex documents."""
+
+    meta: IndexMeta
+
+    @property
+    def ids(self) -> KeysView[str]: ...
+
+    def __len__(self) -> int: ...
+
+    async def add(self, rows: list[dict[str, Any]], vectors: np.ndarray) -> None: ...
+
+    async def revoke(self, memory_id: str) -> None: ...
+
+    async def vector(self, memory_id: str) -> np.ndarray | None: ...
+
+    async def search(self, vector: np.ndarray, chain: frozenset[tuple[str, str]], before_ms: int,
+                     k: int, window: tuple[int, int] | None = None,
+                     families: tuple[str, ...] = RECALL_FAMILIES) -> Hits: ...
+
+    async def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
+                          k: int, window: tuple[int, int] | None = None,
+                          families: tuple[str, ...] = RECALL_FAMILIES) -> Hits: ...
+
+    async def optimize(self) -> None: ...
+
+
+def family_of(kind: str) -> str:
+    """The table a kind of memory lives in; ValueError for a kind no table holds."""
+    try:
+        return FAMILY_OF[kind]
+    except KeyError:
+        raise ValueError(f"no table for kind {kind!r}") from None
+
+
+def last_of_each_id(rows: list[dict[str, Any]]) -> list[int]:
+    """Positions of the rows an add writes: one per memory id, the last given (re-adding an
+    id replaces it, within one call too), in the order given. Every kind is checked first,
+    so a bad row writes nothing."""
+    for r in rows:
+        family_of(r["kind"])
+    return sorted({r["memory_id"]: i for i, r in enumerate(rows)}.values())
+
+
+def visible(event_time: int, expires_at: int, before_ms: int,
+            window: tuple[int, int] | None = None) -> bool:
+    """Existed before `before_ms`, not expired by then (expires_at 0: never), in the window."""
+    return event_time < before_ms and (expires_at == 0 or expires_at > before_ms) and (
+        window is None or window[0] <= event_time < window[1])
+
+
+def merge(parts: list[Hits], k: int) -> Hits:
+    """Best first across tables; equal scores ordered by memory id (deterministic)."""
+    return sorted((h for p in parts for h in p), key=lambda h: (-h[1], h[0]))[:k]
+
+
 def _schema(meta: IndexMeta) -> pa.Schema:
     return pa.schema([
         pa.field("memory_id", pa.string()), pa.field("kind", pa.string()),
         pa.field("text", pa.string()), pa.field("scope", pa.string()),
         pa.field("owner", pa.string()), pa.field("event_time", pa.int64()),
-        pa.field("expires_at", pa.int64()), pa.field("revoked", pa.bool_()),
+        pa.field("expires_at", pa.int64()),
         pa.field("vector", pa.list_(pa.float32(), meta.dim)),
     ], metadata=meta.schema_metadata())
 
@@ -84,15 +146,15 @@ def _q(s: str) -> str:
 
 
 def owner_filter(chain: AbstractSet[tuple[str, str]]) -> str:
-    """The scope-chain part of the prefilter, which the scalar indices answer without a scan."""
+    """The scope-chain part of the filter, which the scalar indices answer without a scan."""
     return "(" + " OR ".join(f"(scope = {_q(s)} AND owner = {_q(o)})"
                              for s, o in sorted(chain)) + ")"
 
 
 def visibility_filter(chain: AbstractSet[tuple[str, str]], before_ms: int,
                       window: tuple[int, int] | None = None) -> str:
-    """The whole prefilter: scope chain, existed before, not expired, not revoked."""
-    where = f"{owner_filter(chain)} AND revoked = false AND event_time < {int(before_ms)} " \
+    """The whole filter: scope chain, existed before, not expired, optionally the window."""
+    where = f"{owner_filter(chain)} AND event_time < {int(before_ms)} " \
             f"AND (expires_at = 0 OR expires_at > {int(before_ms)})"
     if window:
         where += f" AND event_time >= {int(window[0])} AND event_time < {int(window[1])}"
@@ -114,86 +176,86 @@ def _rows(table: str, t: pa.Table) -> dict[str, Row]:
         t.column("expires_at").to_pylist(), strict=True)}
 
 
-class KindTable:
-    """One family's LanceDB table and the indices it has built."""
+def _owners(t: pa.Table) -> set[tuple[str, str]]:
+    return set(zip(t.column("scope").to_pylist(), t.column("owner").to_pylist(), strict=True))
 
-    def __init__(self, db: Any, name: str, meta: IndexMeta, ann_min_rows: int) -> None:
-        self.name, self.meta, self.ann_min_rows = name, meta, ann_min_rows
-        if name in db.list_tables().tables:
-            self.table = db.open_table(name)
-            stored = {k.decode(): v.decode() for k, v in (self.table.schema.metadata or {}).items()
-                      if k.startswith(b"mnemoflow.")}
-            if stored != meta.schema_metadata():
-                raise IndexMismatch(f"table {name} was built with {stored}, not "
+
+async def _table_names(db: AsyncConnection) -> set[str]:
+    names: set[str] = set()
+    token = None
+    while True:
+        page = await db.list_tables(page_token=token)
+        names.update(page.tables)
+        token = page.page_token
+        if not token:
+            return names
+
+
+@dataclass
+class KindTable:
+    """One family's LanceDB table, the indices it has built, and the (scope, owner) pairs that
+    have ever had a row in it: a query whose scope chain has none of them skips the table (a
+    LanceDB query costs milliseconds even when empty). Revocations do not shrink the set,
+    which only costs a needless query, never a miss."""
+
+    name: str
+    table: AsyncTable
+    ann_min_rows: int
+    has_ann: bool
+    owners: set[tuple[str, str]] = field(default_factory=set)
+    writes: int = 0
+
+    @classmethod
+    async def open(cls, db: AsyncConnection, name: str, meta: IndexMeta, ann_min_rows: int,
+                   exists: bool) -> tuple[KindTable, dict[str, Row]]:
+        """Open or create the table, build the indices it lacks; also its rows' map."""
+        schema = _schema(meta)
+        if exists:
+            table = await db.open_table(name)
+            stored = await table.schema()
+            model = {k.decode(): v.decode() for k, v in (stored.metadata or {}).items()
+                     if k.startswith(b"mnemoflow.")}
+            if model != meta.schema_metadata():
+                raise IndexMismatch(f"table {name} was built with {model}, not "
                                     f"{meta.schema_metadata()}; rebuild it from the memory-log")
+            if not stored.remove_metadata().equals(schema.remove_metadata()):
+                raise IndexMismatch(f"table {name} has the columns of another layout "
+                                    f"({stored.names}); rebuild it from the memory-log")
         else:
-            self.table = db.create_table(name, schema=_schema(meta))
-        indexed = {c for i in self.table.list_indices() for c in i.columns}
+            table = await db.create_table(name, schema=schema)
+        indexed = {c for i in await table.list_indices() for c in i.columns}
         if "text" not in indexed:  # on an empty table too: later rows are searched unindexed
-            self.table.create_index("text", config=FTS())
+            await table.create_index("text", config=FTS())
         for column, kind in SCALAR_INDICES:
             if column not in indexed:
-                self.table.create_index(column, config=kind())
-        self.has_ann = "vector" in indexed
-        self._adds = 0
-        # (scope, owner) pairs that have ever had a row here: a query whose scope chain has
-        # none of them skips the table (a LanceDB query costs milliseconds even when empty);
-        # revocations do not shrink it, which only costs a needless query, never a miss
-        self.owners: set[tuple[str, str]] = set()
-        if len(self):
-            cols = self.table.search().select(["scope", "owner"]).limit(None).to_arrow()
-            self.owners.update(zip(cols.column("scope").to_pylist(),
-                                   cols.column("owner").to_pylist(), strict=True))
+                await table.create_index(column, config=kind())
+        held = await table.query().select(
+            ["memory_id", "scope", "owner", "event_time", "expires_at"]).to_arrow()
+        return cls(name, table, ann_min_rows, "vector" in indexed, _owners(held)), \
+            _rows(name, held)
 
-    def __len__(self) -> int:
-        return int(self.table.count_rows())
-
-    def rows(self) -> dict[str, Row]:
-        """memory id -> where it lives and when it is visible, for every row."""
-        if not len(self):
-            return {}
-        return _rows(self.name, self.table.search().select(
-            ["memory_id", "event_time", "expires_at"]).limit(None).to_arrow())
-
-    def add(self, data: pa.Table, replace_ids: list[str]) -> None:
-        if replace_ids:  # idempotent re-add; a delete scans the table, so only when needed
-            self.delete(replace_ids)
-        self.table.add(data)
-        self.owners.update(zip(data.column("scope").to_pylist(), data.column("owner").to_pylist(),
-                               strict=True))
-        self._adds += 1
-        if self._adds % COMPACT_EVERY == 0:  # compacts fragments, folds new rows into indices
-            self.table.optimize()
-        if not self.has_ann and len(self) >= self.ann_min_rows:
-            self.table.create_index("vector", config=IvfPq(distance_type="cosine"))
+    async def write(self, data: pa.Table, upsert: bool) -> None:
+        """Append the rows, or with `upsert` replace those whose memory id the table holds
+        (one transaction); compact now and then, and build the ANN index past its threshold."""
+        if upsert:
+            await (self.table.merge_insert("memory_id").when_matched_update_all()
+                   .when_not_matched_insert_all().execute(data))
+        else:
+            await self.table.add(data)
+        self.owners |= _owners(data)
+        self.writes += 1
+        if self.writes % COMPACT_EVERY == 0:  # compacts fragments, folds new rows into indices
+            await self.table.optimize()
+        if not self.has_ann and await self.table.count_rows() >= self.ann_min_rows:
+            await self.table.create_index("vector", config=IvfPq(distance_type="cosine"))
             self.has_ann = True
 
-    def delete(self, ids: list[str]) -> None:
-        self.table.delete("memory_id IN (" + ",".join(_q(i) for i in ids) + ")")
+    async def delete(self, ids: list[str]) -> None:
+        await self.table.delete("memory_id IN (" + ",".join(_q(i) for i in ids) + ")")
 
-    def search(self, vector: np.ndarray, where: str, k: int) -> list[tuple[str, float]]:
-        q = (self.table.search(vector.astype(np.float32), vector_column_name="vector")
-             .distance_type("cosine").where(where, prefilter=True).limit(k))
-        if self.has_ann and REFINE_FACTOR:
-            q = q.refine_factor(REFINE_FACTOR)
-        rows = q.select(["memory_id", "_distance"]).to_list()
-        return [(r["memory_id"], round(1.0 - float(r["_distance"]), 6)) for r in rows]
-
-    def text_search(self, query: str, where: str, k: int) -> list[tuple[str, float]]:
-        rows = (self.table.search(query, query_type="fts", fts_columns="text")
-                .where(where, prefilter=True).limit(k).select(["memory_id", "_score"]).to_list())
-        return [(r["memory_id"], round(float(r["_score"]), 6)) for r in rows]
-
-    # The same two queries on the async table behind the sync one (the very handle the
-    # writes go through, so they see every write): awaited together, the tables of one
-    # search overlap their fixed per-query cost instead of paying it one after another.
-
-    @property
-    def async_table(self) -> Any:
-        return getattr(self.table, "_table", None)
-
-    async def asearch(self, vector: np.ndarray, where: str, k: int) -> list[tuple[str, float]]:
-        q = (self.async_table.query().nearest_to(vector.astype(np.float32)).column("vector")
+    async def search(self, vector: np.ndarray, where: str, k: int) -> Hits:
+        """(memory_id, cosine similarity) of the k nearest rows among those `where` admits."""
+        q = (self.table.query().nearest_to(vector.astype(np.float32)).column("vector")
              .distance_type("cosine").where(where).limit(k))
         if self.has_ann and REFINE_FACTOR:
             q = q.refine_factor(REFINE_FACTOR)
@@ -202,141 +264,168 @@ class KindTable:
                 zip(t.column("memory_id").to_pylist(), t.column("_distance").to_pylist(),
                     strict=True)]
 
-    async def atext_search(self, query: str, where: str, k: int) -> list[tuple[str, float]]:
-        t = await (self.async_table.query().nearest_to_text(query, columns="text").where(where)
+    async def text_search(self, query: str, where: str, k: int) -> Hits:
+        """(memory_id, BM25 score) of the k best rows among those `where` admits."""
+        t = await (self.table.query().nearest_to_text(query, columns="text").where(where)
                    .limit(k).select(["memory_id", "_score"]).to_arrow())
         return [(m, round(float(sc), 6)) for m, sc in
                 zip(t.column("memory_id").to_pylist(), t.column("_score").to_pylist(),
                     strict=True)]
 
 
-def _merge(parts: list[list[tuple[str, float]]], k: int) -> list[tuple[str, float]]:
-    """Best first across tables; equal scores ordered by memory id (deterministic)."""
-    return sorted((h for p in parts for h in p), key=lambda h: (-h[1], h[0]))[:k]
+class HeldRows:
+    """`ids` and `len` of an index, read from its in-memory map of rows by memory id (no I/O)."""
 
-
-class VectorIndex:
-    """Per-kind LanceDB tables of memories with their vectors; all filters are prefilters."""
-
-    def __init__(self, path: Path, meta: IndexMeta, ann_min_rows: int = ANN_MIN_ROWS) -> None:
-        self.path = path
-        self.meta = meta
-        self.db = lancedb.connect(str(path))
-        self.tables = {name: KindTable(self.db, name, meta, ann_min_rows) for name in FAMILIES}
-        self.concurrent = LANCE_LOOP is not None and all(
-            t.async_table is not None for t in self.tables.values())
-        self._rows: dict[str, Row] = {}
-        for t in self.tables.values():
-            self._rows.update(t.rows())
-        if LEGACY_TABLE in self.db.list_tables().tables:
-            self._migrate_legacy()
+    _rows: Mapping[str, Any]
 
     @property
-    def ids(self) -> AbstractSet[str]:
+    def ids(self) -> KeysView[str]:
         """Memory ids held (a live view: the sink asks it to skip what is already embedded)."""
         return self._rows.keys()
 
     def __len__(self) -> int:
-        return sum(len(t) for t in self.tables.values())
+        return len(self._rows)
 
-    def add(self, rows: list[dict[str, Any]], vectors: np.ndarray) -> None:
+
+class VectorIndex(HeldRows):
+    """Per-kind LanceDB tables of memories with their vectors, and an in-memory map of every
+    row (its table, event time and expiry) by memory id. Open it with `VectorIndex.open` (or
+    `open_index`); every method that reads or writes the tables is a coroutine."""
+
+    def __init__(self, path: Path, meta: IndexMeta, db: AsyncConnection,
+                 tables: dict[str, KindTable], rows: dict[str, Row]) -> None:
+        self.path, self.meta, self.db, self.tables = path, meta, db, tables
+        self._rows = rows
+
+    @classmethod
+    async def open(cls, path: Path, meta: IndexMeta, rebuild: bool = False,
+                   ann_min_rows: int = ANN_MIN_ROWS) -> VectorIndex:
+        """Open (or create) the index at `path`. IndexMismatch if it was built with another
+        model or in another layout; `rebuild=True` deletes whatever is there first."""
+        meta_file = path / META
+        if rebuild and path.exists():
+            await asyncio.to_thread(shutil.rmtree, path)
+        if meta_file.exists():
+            stored = json.loads(meta_file.read_text())
+            if {k: stored.get(k) for k in meta.to_json()} != meta.to_json():
+                raise IndexMismatch(f"index at {path} was built with {stored}, not "
+                                    f"{meta.to_json()}; rebuild it from the memory-log")
+            if stored.get("layout") != LAYOUT:
+                raise IndexMismatch(f"index at {path} has layout {stored.get('layout')}, not "
+                                    f"{LAYOUT}; rebuild it from the memory-log")
+        path.mkdir(parents=True, exist_ok=True)
+        db = await lancedb.connect_async(str(path))
+        names = await _table_names(db)
+        if foreign := names - set(FAMILIES):  # e.g. the single `memories` table of layout 1
+            raise IndexMismatch(f"index at {path} holds tables of another layout "
+                                f"({sorted(foreign)}); rebuild it from the memory-log")
+        opened: dict[str, KindTable] = {}
+        rows: dict[str, Row] = {}
+        # the tables held first: a refused index is left as it was found
+        for name in sorted(FAMILIES, key=lambda f: f not in names):
+            opened[name], held = await KindTable.open(db, name, meta, ann_min_rows, name in names)
+            rows.update(held)
+        tables = {name: opened[name] for name in FAMILIES}
+        tmp = meta_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**meta.to_json(), "layout": LAYOUT,
+                                   "tables": {f: list(k) for f, k in FAMILIES.items()}}))
+        tmp.replace(meta_file)
+        return cls(path, meta, db, tables, rows)
+
+    async def add(self, rows: list[dict[str, Any]], vectors: np.ndarray) -> None:
         """Write rows (memory_id, kind, text, scope, owner, event_time[, expires_at]) and their
-        vectors, each into its kind's table; re-adding an id replaces it."""
+        vectors, each into its kind's table; re-adding an id replaces it, also when its kind
+        moved it to another table. ValueError, before anything is written, for an unknown kind."""
         if not rows:
             return
         vectors = np.asarray(vectors, dtype=np.float32).reshape(len(rows), self.meta.dim)
         by_table: dict[str, list[int]] = {}
-        for i, r in enumerate(rows):
-            if r["kind"] not in FAMILY_OF:
-                raise ValueError(f"no table for kind {r['kind']!r}")
-            by_table.setdefault(FAMILY_OF[r["kind"]], []).append(i)
+        for i in last_of_each_id(rows):
+            by_table.setdefault(FAMILY_OF[rows[i]["kind"]], []).append(i)
         for name, idx in by_table.items():
             part = [rows[i] for i in idx]
-            ids = [r["memory_id"] for r in part]
-            held = {i: self._rows[i].table for i in ids if i in self._rows}
+            held = {r["memory_id"]: row.table for r in part
+                    if (row := self._rows.get(r["memory_id"])) is not None}
             for old in set(held.values()) - {name}:
-                self.tables[old].delete([i for i, t in held.items() if t == old])
+                moved = [i for i, t in held.items() if t == old]
+                await self.tables[old].delete(moved)
+                for mid in moved:
+                    del self._rows[mid]
             data = pa.table({
-                "memory_id": ids, "kind": [r["kind"] for r in part],
+                "memory_id": [r["memory_id"] for r in part], "kind": [r["kind"] for r in part],
                 "text": [r["text"] for r in part], "scope": [r["scope"] for r in part],
                 "owner": [r["owner"] for r in part],
                 "event_time": pa.array([r["event_time"] for r in part], pa.int64()),
                 "expires_at": pa.array([r.get("expires_at") or 0 for r in part], pa.int64()),
-                "revoked": [False] * len(part),
                 "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors[idx].ravel()),
                                                             self.meta.dim),
             }, schema=_schema(self.meta))
-            self.tables[name].add(data, [i for i, t in held.items() if t == name])
+            # a merge joins the rows with the whole table: an append when no id is held here
+            await self.tables[name].write(data, upsert=name in held.values())
             self._rows.update(_rows(name, data))
 
-    def _fan_out(self, sync: Any, coro: Any, families: tuple[str, ...],
-                 chain: frozenset[tuple[str, str]]) -> list[list[tuple[str, float]]]:
-        """Ask every table that may hold something of the chain; side by side through the
-        async API when LanceDB allows it (a query is mostly fixed cost in Rust, and one async
-        query costs about half a sync one, measured: 2.6 vs 4.8 ms p50 on a 3k-row table),
-        else one after another."""
-        live = [self.tables[f] for f in families if not self.tables[f].owners.isdisjoint(chain)]
-        if not live:
-            return []
-        if not self.concurrent:
-            return [sync(t) for t in live]
-
-        async def together() -> list[list[tuple[str, float]]]:
-            return list(await asyncio.gather(*(coro(t) for t in live)))
-
-        return LANCE_LOOP.run(together())
-
-    def revoke(self, memory_id: str) -> None:
+    async def revoke(self, memory_id: str) -> None:
+        """Delete the row (nothing if it is not held); searches stop returning it at once."""
         row = self._rows.pop(memory_id, None)
         if row is not None:
-            self.tables[row.table].delete([memory_id])
+            await self.tables[row.table].delete([memory_id])
 
-    def search(self, vector: np.ndarray, chain: frozenset[tuple[str, str]], before_ms: int,
-               k: int, window: tuple[int, int] | None = None,
-               families: tuple[str, ...] = RECALL_FAMILIES) -> list[tuple[str, float]]:
-        """(memory_id, cosine similarity), best first, only within the scope chain.
+    async def vector(self, memory_id: str) -> np.ndarray | None:
+        """The stored vector of a memory, or None if it is not held."""
+        row = self._rows.get(memory_id)
+        if row is None:
+            return None
+        t = await (self.tables[row.table].table.query().where(f"memory_id = {_q(memory_id)}")
+                   .select(["vector"]).limit(1).to_arrow())
+        return np.asarray(t.column("vector")[0].as_py(), np.float32) if t.num_rows else None
 
-        Without a time window, each table is prefiltered on the scope chain only, over-fetching
-        OVERFETCH rows; rows from after `before_ms` or expired by then are dropped here, from
-        the event times held in memory. The time columns have no index: in the prefilter they
-        nearly doubled a search (measured on an 850k-row table: 17 vs 9.5 ms p50), and so did
-        reading them back with the hits (16 vs 10 ms). When dropping leaves fewer than k of a
-        full page, that table is asked again with the whole prefilter, so the answer is the
-        whole prefilter's (exactly, for a flat scan).
+    async def _fan_out(self, one: Callable[[KindTable], Awaitable[Hits]],
+                       families: tuple[str, ...], chain: AbstractSet[tuple[str, str]],
+                       k: int) -> Hits:
+        """Ask every table of `families` that may hold something of the chain, side by side
+        (a query is mostly fixed cost in Rust, so they overlap), and merge the answers."""
+        live = [self.tables[f] for f in families if not self.tables[f].owners.isdisjoint(chain)]
+        return merge(list(await asyncio.gather(*(one(t) for t in live))), k)
+
+    async def search(self, vector: np.ndarray, chain: frozenset[tuple[str, str]], before_ms: int,
+                     k: int, window: tuple[int, int] | None = None,
+                     families: tuple[str, ...] = RECALL_FAMILIES) -> Hits:
+        """(memory_id, cosine similarity), best first: the k nearest rows of `families` within
+        the scope chain that existed before `before_ms`, were not expired by then and, with a
+        `window`, have their event time in [start, end).
+
+        With a window, each table gets that whole filter as a LanceDB prefilter. Without one,
+        each table is prefiltered on the scope chain only, over-fetching OVERFETCH rows, and
+        the hits are post-filtered here on the event times held in memory. The time columns
+        have no index: in the prefilter they nearly doubled a search (measured on an 850k-row
+        table: 17 vs 9.5 ms p50), and so did reading them back with the hits (16 vs 10 ms).
+        When post-filtering leaves fewer than k of a full page, that table is asked again with
+        the whole prefilter, so the answer is the whole prefilter's (exactly, for a flat scan).
         """
         if window:
             where = visibility_filter(chain, before_ms, window)
-            return _merge(self._fan_out(lambda t: t.search(vector, where, k),
-                                        lambda t: t.asearch(vector, where, k), families,
-                                        chain), k)
+            return await self._fan_out(lambda t: t.search(vector, where, k), families, chain, k)
         limit = k + OVERFETCH
 
-        def kept(hits: list[tuple[str, float]]) -> list[tuple[str, float]] | None:
-            ok = [h for h in hits if self._visible(h[0], before_ms)][:k]
-            return ok if len(ok) >= k or len(hits) < limit else None
+        async def one(t: KindTable) -> Hits:
+            hits = await t.search(vector, owner_filter(chain & t.owners), limit)
+            kept = [h for h in hits if self._visible(h[0], before_ms)][:k]
+            if len(kept) >= k or len(hits) < limit:
+                return kept
+            return await t.search(vector, visibility_filter(chain, before_ms), k)
 
-        def one(t: KindTable) -> list[tuple[str, float]]:
-            got = kept(t.search(vector, owner_filter(chain & t.owners), limit))
-            return got if got is not None else t.search(
-                vector, visibility_filter(chain, before_ms), k)
-
-        async def aone(t: KindTable) -> list[tuple[str, float]]:
-            got = kept(await t.asearch(vector, owner_filter(chain & t.owners), limit))
-            return got if got is not None else await t.asearch(
-                vector, visibility_filter(chain, before_ms), k)
-
-        return _merge(self._fan_out(one, aone, families, chain), k)
+        return await self._fan_out(one, families, chain, k)
 
     def _visible(self, memory_id: str, before_ms: int) -> bool:
-        """Held (revocation deletes), existed before `before_ms`, not expired by then."""
+        """Held (a row revoked during the query is dropped) and visible at `before_ms`."""
         row = self._rows.get(memory_id)
-        return row is not None and row.event_time < before_ms and (
-            row.expires_at == 0 or row.expires_at > before_ms)
+        return row is not None and visible(row.event_time, row.expires_at, before_ms)
 
-    def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
-                    k: int, window: tuple[int, int] | None = None,
-                    families: tuple[str, ...] = RECALL_FAMILIES) -> list[tuple[str, float]]:
-        """(memory_id, BM25 score) from the LanceDB full-text index, under the same prefilter.
+    async def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
+                          k: int, window: tuple[int, int] | None = None,
+                          families: tuple[str, ...] = RECALL_FAMILIES) -> Hits:
+        """(memory_id, BM25 score) from the LanceDB full-text index, best first, with the whole
+        filter of `search` as a prefilter.
 
         BM25 statistics are per table, so scores of different families are only roughly
         comparable; recall fuses by rank anyway.
@@ -344,46 +433,15 @@ class VectorIndex:
         if not query.strip():
             return []
         where = visibility_filter(chain, before_ms, window)
-        return _merge(self._fan_out(lambda t: t.text_search(query, where, k),
-                                    lambda t: t.atext_search(query, where, k), families, chain),
-                      k)
+        return await self._fan_out(lambda t: t.text_search(query, where, k), families, chain, k)
 
-    def optimize(self) -> None:
+    async def optimize(self) -> None:
         """Compact every table and fold unindexed rows into its indices."""
         for t in self.tables.values():
-            t.table.optimize()
-
-    def _migrate_legacy(self) -> None:
-        """Layout 1 kept every kind in one `memories` table: move its rows (vectors included,
-        nothing re-embedded) into the per-kind tables, then drop it. Re-running after a crash
-        is safe: add() replaces ids already moved."""
-        old = self.db.open_table(LEGACY_TABLE)
-        for batch in old.search().limit(None).to_batches():
-            cols = batch.to_pydict()
-            rows = [{k: cols[k][i] for k in cols if k != "vector"}
-                    for i in range(batch.num_rows)]
-            keep = [i for i, r in enumerate(rows) if r["kind"] in FAMILY_OF]
-            if keep:
-                vecs = np.asarray([cols["vector"][i] for i in keep], dtype=np.float32)
-                self.add([rows[i] for i in keep], vecs)
-        self.db.drop_table(LEGACY_TABLE)
+            await t.table.optimize()
 
 
-def open_index(path: Path, meta: IndexMeta, rebuild: bool = False,
-               ann_min_rows: int = ANN_MIN_ROWS) -> VectorIndex:
-    """Open (or create) the index at `path`; refuse one built with another model."""
-    meta_file = path / META
-    if rebuild and path.exists():
-        shutil.rmtree(path)
-    if meta_file.exists():
-        stored = json.loads(meta_file.read_text())
-        if {k: stored.get(k) for k in meta.to_json()} != meta.to_json():
-            raise IndexMismatch(f"index at {path} was built with {stored}, not {meta.to_json()};"
-                                " rebuild it from the memory-log")
-    path.mkdir(parents=True, exist_ok=True)
-    index = VectorIndex(path, meta, ann_min_rows)
-    tmp = meta_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**meta.to_json(), "layout": LAYOUT,
-                               "tables": {f: list(k) for f, k in FAMILIES.items()}}))
-    tmp.replace(meta_file)
-    return index
+async def open_index(path: Path, meta: IndexMeta, rebuild: bool = False,
+                     ann_min_rows: int = ANN_MIN_ROWS) -> VectorIndex:
+    """`VectorIndex.open`, under the name its callers know."""
+    return await VectorIndex.open(path, meta, rebuild, ann_min_rows)

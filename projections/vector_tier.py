@@ -24,7 +24,7 @@ from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_index import IndexMeta, VectorIndex
+from mnemoflow.projections.vector_index import IndexMeta, MemoryIndex
 
 EMBED_KINDS = ("segment", "episode", "fact", "procedure")
 
@@ -69,7 +69,7 @@ def blend(own: np.ndarray, context: np.ndarray | None, weight: float) -> np.ndar
 @dataclass
 class VectorTier:
     store: MemoryStore
-    index: VectorIndex
+    index: MemoryIndex
     embedder: AsyncEmbedder
     embed_timeout_s: float = 2.0
     name: str = "vector"
@@ -79,12 +79,10 @@ class VectorTier:
         vec = (await self.embedder.embed([request["text"]], self.embed_timeout_s))[0]
         chain = scope_chain(request)
         window = tuple(request["timeWindow"]) if request.get("timeWindow") else None
-        loop = asyncio.get_running_loop()
-        hits = await loop.run_in_executor(
-            None, self.index.search, vec, chain, request["eventTime"], k, None)
+        searches = [self.index.search(vec, chain, request["eventTime"], k)]
         if window:
-            hits += await loop.run_in_executor(
-                None, self.index.search, vec, chain, request["eventTime"], k // 2, window)
+            searches.append(self.index.search(vec, chain, request["eventTime"], k // 2, window))
+        hits = [h for part in await asyncio.gather(*searches) for h in part]
         out: dict[str, Candidate] = {}
         for mid, sim in hits:
             rec = self.store.records.get(mid)
@@ -95,7 +93,8 @@ class VectorTier:
 
 @dataclass
 class VectorSink:
-    """Buffers memory-log records, embeds them in batches off the loop, writes LanceDB.
+    """Buffers memory-log records, embeds them in batches off the loop, writes the index
+    (LanceDB's VectorIndex in the worker).
 
     The turn context comes from the MemoryStore's chain (`store.context_of`), the same one the
     lexical index uses, read when a row is written; when the store re-links a segment because
@@ -105,7 +104,7 @@ class VectorSink:
     Given no store, it folds the events into one of its own (tests, the offline replay).
     """
 
-    index: VectorIndex
+    index: MemoryIndex
     embedder: AsyncEmbedder
     batch: int = 64
     timeout_s: float = 600.0
@@ -178,7 +177,7 @@ class VectorSink:
         ctx_vecs = iter(vecs[len(rows):])
         out = np.stack([blend(v, next(ctx_vecs) if c else None, self.context_weight)
                         for v, c in zip(vecs[: len(rows)], ctx, strict=True)])
-        await asyncio.get_running_loop().run_in_executor(None, self.index.add, rows, out)
+        await self.index.add(rows, out)
 
     def _rewrite_rows(self, ids: set[str]) -> list[dict[str, Any]]:
         assert self.store is not None
@@ -218,7 +217,6 @@ class VectorSink:
         stream (the projector keeps folding while it runs). What could not be written stays
         buffered for the next flush.
         """
-        loop = asyncio.get_running_loop()
         todo, self.pending = self.pending, []
         revoked, self.revoked = self.revoked, []
         redo, self._redo = self._redo, set()
@@ -232,7 +230,7 @@ class VectorSink:
                 self._written(rows)
                 n += len(rows)
             while revoked:
-                await loop.run_in_executor(None, self.index.revoke, revoked[0])
+                await self.index.revoke(revoked[0])
                 revoked.pop(0)
             rows = self._rewrite_rows(redo)
             if rows:  # a revoked text stops being another vector's context

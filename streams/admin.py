@@ -12,6 +12,7 @@ from mnemoflow.streams.config import Settings
 from mnemoflow.streams.topics import CATALOGUE, TopicSpec
 
 VISIBLE_TIMEOUT_S = 15.0  # longest wait for a topic the controller knows to be listed
+TOPIC_ALREADY_EXISTS = 36  # Kafka's error code
 
 
 class TopicMismatch(RuntimeError):
@@ -19,10 +20,18 @@ class TopicMismatch(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TopicInfo:
+class TopicLayout:
+    """A topic's name, partition count and configs: what is wanted, or what a cluster holds."""
+
     name: str
     partitions: int
-    configs: dict[str, str]
+    configs: dict[str, str]  # topic-level: cleanup.policy, retention.ms
+
+
+@dataclass(frozen=True)
+class TopicInfo(TopicLayout):
+    """A catalogue topic as the cluster describes it (0 partitions when it does not exist)."""
+
     exists: bool
 
 
@@ -70,19 +79,28 @@ async def create_topics(
                     )
                 result[name] = "exists"
             else:
-                missing.append(NewTopic(name, want, 1, topic_configs=spec.configs()))
+                missing.append(TopicLayout(name, want, spec.configs()))
                 result[name] = "created"
         if missing:
-            resp = await admin.create_topics(missing)
-            for name, code, *_ in getattr(resp, "topic_errors", []):
-                if code == 36:  # TOPIC_ALREADY_EXISTS: created meanwhile by someone else
-                    result[name] = "exists"
-                elif code != 0:
-                    raise TopicMismatch(f"creating {name} failed with error code {code}")
+            result.update(dict.fromkeys(await create_new(admin, missing), "exists"))
             await wait_listed(admin, [t.name for t in missing])
         return result
     finally:
         await admin.close()
+
+
+async def create_new(admin: AIOKafkaAdminClient, topics: list[TopicLayout]) -> list[str]:
+    """Create `topics` (replication factor 1); the names that another client created first.
+    TopicMismatch when the cluster refuses one for any other reason."""
+    resp = await admin.create_topics(
+        [NewTopic(t.name, t.partitions, 1, topic_configs=t.configs) for t in topics])
+    raced = []
+    for name, code, *_ in getattr(resp, "topic_errors", []):
+        if code == TOPIC_ALREADY_EXISTS:
+            raced.append(name)
+        elif code != 0:
+            raise TopicMismatch(f"creating {name} failed with Kafka error code {code}")
+    return raced
 
 
 async def wait_listed(admin: AIOKafkaAdminClient, names: list[str],

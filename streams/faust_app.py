@@ -1,43 +1,20 @@
-"""The faust App the worker runs: stock faust, except the fixes that at-least-once needs.
+"""The faust App the worker runs: stock faust, with the consumer changes at-least-once needs.
 
-They were found by the SIGKILL drill (tests/streams/test_crash_kafka.py), where a restarted
-worker lost recall requests during its first rebalance, with no error logged:
+A record delivered twice is harmless (every stage's outputs have deterministic ids); a record
+counted as read that never reached its stream is lost. So in faust's delivery loop
+(`_Consumer._drain_messages`) a record counts as read only once it was delivered; a record
+whose partition's next offset is unknown, or that was fetched in an older consumer generation,
+is fetched again instead of delivered (a stream would ack it unseen); an offset gap, which our
+topics never have, is sought back to unless the broker's log starts after it; and seeks run on
+the consumer's thread, beside the fetcher they would otherwise race. A partition that was never
+committed starts at its log start, as `auto_offset_reset="earliest"` says, and faust is given
+that offset as the next one.
 
-1. faust's delivery loop (`Consumer._drain_messages`) hands each fetched record to the streams
-   with `wait_first(callback(message), suspend_flow.wait())` and then marks the record as read
-   whichever of the two finished. When a rebalance suspends the flow mid-delivery, the record
-   never reaches its stream, yet it counts as read, so the refetch after the rebalance drops it
-   ("DROPPED MESSAGE ROFF"); a later record then opens a "gap" that faust treats as acked, and
-   the commit moves past records that no agent saw. Here a record counts as read only once it
-   was delivered; a suspended delivery ends the batch (the partitions are sought back to their
-   committed offsets when the flow resumes), and a gap in a partition's offsets, which our
-   topics never have (no compaction, no transactions), seeks back instead of being skipped.
-   A seek back to a gap runs on the consumer's thread, like every other consumer call: faust
-   calls aiokafka's `seek` from the event loop's thread, racing the fetcher that runs on the
-   consumer thread, so a fetch under way could land past the gap again. The records of a gap
-   are skipped only when the broker's log starts after it.
-   faust's recovery resumes the stream partitions (and, with nothing to restore, the flow)
-   before its seek to the committed offsets, and a revoke forgets the next offset of every
-   partition, so records fetched in that window were delivered unchecked, from wherever the
-   fetcher stood (logged: "holding ... next offset None" right after "Resuming flow"). Seen
-   in the drill: the gate got a session's message before the lifecycle event ahead of it,
-   dropped the lifecycle when it came as a redelivery, and the session's packet came out as
-   shadow. Now a record of a partition whose next offset is unknown, or fetched in an older
-   consumer generation (a stream would skip it and ack it unseen), is not delivered: its
-   partition is sought back to it and fetched again until the rebalance's seek is done.
-2. aiokafka's `seek_to_committed` leaves a partition alone when its committed offset is None or
-   0, so a partition that had never been committed kept the position past records that were
-   fetched and dropped during recovery. Such partitions seek to the beginning, which is what
-   `auto_offset_reset="earliest"` means, and faust gets the log start as their next offset
-   (not None, which fix 1 holds as unknown).
+aiokafka's `prefetch_backoff` is cut from 100 to 5 ms: one consumer reads every agent's topics
+from the broker, and no fetch is sent while any partition still holds buffered records younger
+than it, so an event would wait behind another topic's buffer.
 
-Redelivered records are harmless: every stage's outputs have deterministic ids.
-
-One latency setting, found with the per-hop timestamps of bench/bench_topology.py: aiokafka
-sends no fetch to a broker while any partition it reads from that broker still has fetched,
-unconsumed records younger than `prefetch_backoff` (100 ms). One worker consumer reads every
-agent's topics from our single broker, so an event often waited those 100 ms behind another
-topic's buffered records (observer hop p99 105 ms, 16 ms with 5 ms).
+What showed each of these, and the tests that hold them: docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -92,7 +69,8 @@ class _Consumer(driver.Consumer):
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _seek(self, partition: Any, offset: int) -> None:
-        """Seek on the consumer's own thread (see fix 1 of the module docstring)."""
+        """Seek on the consumer's own thread: from the event loop's, as faust seeks, a fetch
+        under way can land past the offset sought."""
         thread = self._thread
         try:
             await thread.call_thread(thread.seek, partition, offset)
@@ -112,7 +90,7 @@ class _Consumer(driver.Consumer):
         return bool(starts.get(tp, 0) > offset)
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in faust
-        """faust's loop (faust/transport/consumer.py) with fix 1 of the module docstring."""
+        """faust's loop (faust/transport/consumer.py), changed as the module docstring says."""
         read_offset = self._read_offset
         commit_every = self._commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for  # False for compacted changelogs
@@ -201,7 +179,7 @@ class _Transport(driver.Transport):
 
 
 class WorkerApp(faust.App):
-    """faust.App with the seek fix above; everything else is configured by the caller.
+    """faust.App with the consumer above; everything else is configured by the caller.
 
     `agent_crashed`, when set, hears of every agent crash before faust restarts the agent
     (the worker counts them and stops past a limit)."""

@@ -17,12 +17,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mnemoflow.agents import memory_events as M
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
-from mnemoflow.streams.producer import AvroProducer, require_topics
+
+if TYPE_CHECKING:
+    from mnemoflow.streams.producer import AvroProducer
 
 SCHEMA_VERSION = 1
 
@@ -135,9 +137,13 @@ class HostClient:
 
     def __init__(self, settings: Settings, bootstrap: str,
                  timeout_s: float | None = None) -> None:
+        # the Kafka client is imported here, where one is made: CapabilityManifest and
+        # HostSession also serve the offline replay, which runs without Kafka
+        from mnemoflow.streams.producer import AvroProducer
+
         self.settings = settings
         self.bootstrap = bootstrap
-        self.producer = AvroProducer(settings, bootstrap, timeout_s=timeout_s)
+        self.producer: AvroProducer = AvroProducer(settings, bootstrap, timeout_s=timeout_s)
 
     @property
     def topics(self) -> list[str]:
@@ -147,6 +153,8 @@ class HostClient:
 
     async def start(self) -> None:
         """TopicsMissing (one line, with the fix) if a topic it writes does not exist."""
+        from mnemoflow.streams.producer import require_topics
+
         try:
             await require_topics(self.settings, self.bootstrap, self.topics,
                                  self.producer.timeout_s)

@@ -14,10 +14,17 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from mnemoflow.streams.admin import admin_client, existing_partitions, wait_listed
+from mnemoflow.streams.admin import (
+    TopicLayout,
+    TopicMismatch,
+    admin_client,
+    create_new,
+    existing_partitions,
+    wait_listed,
+)
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.producer import TopicsMissing
 from mnemoflow.streams.topics import CATALOGUE
@@ -29,13 +36,8 @@ class PreflightError(RuntimeError):
     """Something a worker or host cannot run without; the message is one line with the fix."""
 
 
-@dataclass(frozen=True)
-class InternalTopic:
+class InternalTopic(TopicLayout):
     """A topic the worker owns (a table's changelog): created here if it is missing."""
-
-    name: str
-    partitions: int
-    configs: dict[str, str]
 
 
 def unreachable(bootstrap: str, exc: BaseException | None = None) -> PreflightError:
@@ -95,11 +97,10 @@ async def ensure_internal(admin: AIOKafkaAdminClient, topics: list[InternalTopic
                              f"MNEMOFLOW_PARTITIONS")
     created = [n for n in want if n not in have]
     if created:
-        resp = await admin.create_topics(
-            [NewTopic(n, want[n].partitions, 1, topic_configs=want[n].configs) for n in created])
-        for name, code, *_ in getattr(resp, "topic_errors", []):
-            if code not in (0, 36):  # 36: created meanwhile by another worker
-                raise PreflightError(f"creating {name} failed with Kafka error code {code}")
+        try:  # one created meanwhile by another worker is as good as our own
+            await create_new(admin, [want[n] for n in created])
+        except TopicMismatch as exc:
+            raise PreflightError(str(exc)) from exc
     deadline = time.monotonic() + timeout
     while True:
         have = await existing_partitions(admin, list(want))

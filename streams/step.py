@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,10 +97,11 @@ class StepAssembler:
     session: HostSession
     inbox: InboxClient
     manifest: CapabilityManifest
-    sections: list[Provider] = field(default_factory=list)
-    context: list[Provider] = field(default_factory=list)
-    listeners: list[Listener] = field(default_factory=list)
-    tools: list[dict[str, Any]] = field(default_factory=list)
+    # the host's configuration: read at every boundary, never changed here
+    sections: Sequence[Provider] = ()
+    context: Sequence[Provider] = ()
+    listeners: Sequence[Listener] = ()
+    tools: Sequence[dict[str, Any]] = ()
     history: list[dict[str, Any]] = field(default_factory=list)
     _projection: str | None = None  # the last runtime-context snapshot in history
     _projection_index: int | None = None

@@ -59,10 +59,3 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, DEAD_LETTER,
 )
 INPUT_TOPICS = (SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS)
-
-
-def by_base(base: str) -> TopicSpec:
-    for spec in CATALOGUE:
-        if spec.base == base:
-            return spec
-    raise KeyError(base)

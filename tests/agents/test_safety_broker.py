@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from mnemoflow.agents.broker import BrokerState, build, capability_snapshot
 from mnemoflow.agents.rank import Ranked, RankResult, rank
-from mnemoflow.agents.recall import RecallResult
+from mnemoflow.agents.recall import RecallResult, TierSpec
+from mnemoflow.agents.respond import Projection, respond
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import load_tuning
 
@@ -60,10 +61,32 @@ def test_same_inputs_same_packet_id() -> None:
     assert a.inbox_op == b.inbox_op
 
 
-def test_redelivered_request_reemits_the_same_op() -> None:
-    st, a = _pipeline(request(), [candidate("a", "You parked on level 3", 2.0)])
-    st2, b = _pipeline(request(), [candidate("a", "You parked on level 3", 2.0)], state=st)
-    assert b.replayed and b.inbox_op == a.inbox_op and st2 == st
+class _Tier:
+    name = "lexical"
+
+    def __init__(self, cands) -> None:
+        self.cands, self.calls = list(cands), 0
+
+    async def search(self, request, k, seeds):
+        self.calls += 1
+        return self.cands
+
+
+async def test_redelivered_request_reemits_the_same_op_without_recalling() -> None:
+    tier = _Tier([candidate("a", "You parked on level 3", 2.0)])
+    tiers, seen = [TierSpec(tier)], Projection("v", True)
+    st, a = await respond(BrokerState(), request(), tiers, seen, lambda: "v", TUNING)
+    st2, b = await respond(st, request(), tiers, seen, lambda: "w", TUNING)
+    assert a.inbox_op is not None and not a.replayed
+    assert b.replayed and b.inbox_op == a.inbox_op and b.audit == a.audit and st2 == st
+    assert tier.calls == 1
+
+
+async def test_a_lagging_projection_is_audited() -> None:
+    tier = _Tier([candidate("a", "You parked on level 3", 2.0)])
+    _, out = await respond(BrokerState(), request(), [TierSpec(tier)], Projection("v", False),
+                           lambda: "v", TUNING)
+    assert out.audit["tiers"]["projection"] == "lagging"
 
 
 def test_shadow_mode_builds_no_packet() -> None:

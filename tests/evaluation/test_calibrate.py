@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.evaluation import calibrate as C
 from mnemoflow.evaluation import offline
 from mnemoflow.evaluation.datasets import Question
+from mnemoflow.evaluation.metrics import host_provenance
 
 from factories import HashEmbedder, tiny_bench
 
@@ -38,12 +40,15 @@ def _prepared(t):
 def test_cached_replay_gives_the_broker_audits_ranked_list() -> None:
     t = load_tuning()
     p = _prepared(t)
-    world = offline.build_world(p.bench, t, embedder=HashEmbedder())
-    full = offline.ask_all(world)
+    runner = offline.runner_for(t, embedder=HashEmbedder(), graph=False)
+    asyncio.run(offline.replay(p.bench, runner, "soft"))
+    audits = {a["requestId"]: a for a in runner.records("audit") if a["stage"] == "broker"}
     res = p.recall_results(t)
+    assert p.requests
     for qid, req in p.requests.items():
-        assert C.ranked_turns(req, res[qid], t.rank) == full[qid].ranked_turns
-    world.close()
+        listed = [host_provenance(c["provenance"]) for c in audits[req["requestId"]]["candidates"]
+                  if c["outcome"] != "visible"]
+        assert C.ranked_turns(req, res[qid], t.rank) == listed
 
 
 def test_search_never_returns_a_worse_objective_than_its_start() -> None:

@@ -1,29 +1,49 @@
-"""The offline replay agrees with the Kafka evaluation, question by question (needs the broker)."""
+"""Both runners replay LoCoMo conv-26 to the same audits and the same per-question figures
+(needs the broker): the Kafka evaluation runs the worker's faust runner, the offline replay
+the in-memory runner, over one topology."""
 
 from __future__ import annotations
 
-import polars as pl
+import json
+
 import pytest
 
-from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.evaluation import offline
-from mnemoflow.evaluation.embed_cache import DiskCachedEmbedder
 from mnemoflow.evaluation.run import run_eval
-from mnemoflow.projections.embedding import MiniLMEmbedder
 
 pytestmark = pytest.mark.kafka
+# activations are rounded to 6 places, and MiniLM vectors differ in their last float32 bits
+# with the batch they were embedded in (the worker embeds as events arrive, the replay in
+# large batches): seen up to 4e-6
+SCORES = ("score",)
 
 
-def test_offline_and_kafka_give_the_same_per_question_figures(kafka_bootstrap, shared_dir,
-                                                              tmp_path):
-    bench = offline.load_bench("locomo", shared_dir / "data" / "locomo" / "dev.json", 15,
+def _audits(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(
+            a[k] == pytest.approx(b[k], abs=1e-5) if k in SCORES and
+            isinstance(a[k], float) else _same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_offline_and_kafka_give_the_same_audits_and_figures(kafka_bootstrap, shared_dir, tmp_path):
+    bench = offline.load_bench("locomo", shared_dir / "data" / "locomo" / "dev.json", None,
                                ["conv-26"])
     run_eval("locomo", bench, tmp_path / "k", "soft", "test", bootstrap=kafka_bootstrap)
-    kafka = pl.read_csv(tmp_path / "k" / "per_question.csv").sort("qid")
-    _, off = offline.evaluate(bench, load_tuning(),
-                              embedder=DiskCachedEmbedder(MiniLMEmbedder(), tmp_path / "emb"))
-    off = off.sort("qid")
-    cols = [c for c in off.columns if "@" in c]
-    assert kafka["qid"].to_list() == off["qid"].to_list()
-    for c in cols:
-        assert kafka[c].fill_null(-1).to_list() == pytest.approx(off[c].fill_null(-1).to_list()), c
+    offline.main(["locomo", str(shared_dir / "data" / "locomo" / "dev.json"),
+                  "--conversations", "conv-26", "--out", str(tmp_path / "o")])
+    kafka, mem = _audits(tmp_path / "k" / "question_audits.jsonl"), \
+        _audits(tmp_path / "o" / "question_audits.jsonl")
+    assert len(kafka) == len(mem) >= 2 * len(bench.questions)
+    broker = [a for a in kafka if a["stage"] == "broker"]
+    assert len(broker) == len(bench.questions) and all(a["candidates"] for a in broker)
+    for k, m in zip(kafka, mem, strict=True):
+        assert _same(k, m), (k["auditId"], k["stage"])
+    assert (tmp_path / "k" / "per_question.csv").read_bytes() == \
+        (tmp_path / "o" / "per_question.csv").read_bytes()

@@ -8,6 +8,7 @@ vectors from a subtly wrong model.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -194,6 +195,63 @@ def test_cache_dedupes_and_evicts_lru() -> None:
     assert len(cached) == 2
     cached.embed(["a", "bb"])
     assert inner.calls[-1] == ["bb"]
+
+
+def test_disk_cache_embeds_each_text_once_across_instances(tmp_path: Path) -> None:
+    inner = CountingEmbedder()
+    a = CachedEmbedder(inner, disk_dir=tmp_path, chunk=2)
+    first = a.embed(["x", "y", "x", "z"])
+    assert inner.calls == [["x", "y"], ["z"]]  # misses go in chunks, each written to disk
+    assert (a.hits, a.misses, a.on_disk) == (1, 3, 3)
+    b = CachedEmbedder(CountingEmbedder(), disk_dir=tmp_path)
+    again = b.embed(["z", "x", "y"])
+    assert b.inner.calls == [] and (b.hits, b.misses) == (3, 0)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(again, first[[3, 0, 1]])
+    other = CountingEmbedder()
+    other.version = "another"  # vectors of another model version are never read
+    CachedEmbedder(other, disk_dir=tmp_path).embed(["x"])
+    assert other.calls == [["x"]]
+
+
+def test_disk_cache_serves_what_the_memory_lru_evicted(tmp_path: Path) -> None:
+    inner = CountingEmbedder()
+    cached = CachedEmbedder(inner, max_entries=1, disk_dir=tmp_path)
+    first = cached.embed(["a", "bb"])
+    assert len(cached) == 1 and cached.on_disk == 2
+    np.testing.assert_array_equal(cached.embed(["a"]), first[:1])
+    assert inner.calls == [["a", "bb"]]
+
+
+def test_disk_cache_finds_keys_that_end_in_nul_bytes(tmp_path: Path) -> None:
+    """numpy strips trailing NULs from the fixed-width keys it stores; they must still match."""
+    text = next(t for i in range(10_000) if hashlib.sha256((t := f"t{i}").encode()).digest()[-1] == 0)
+    CachedEmbedder(CountingEmbedder(), disk_dir=tmp_path).embed([text])
+    inner = CountingEmbedder()
+    CachedEmbedder(inner, disk_dir=tmp_path).embed([text])
+    assert inner.calls == []
+
+
+class FailingAfter(CountingEmbedder):
+    def __init__(self, calls_ok: int) -> None:
+        super().__init__()
+        self.calls_ok = calls_ok
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if len(self.calls) >= self.calls_ok:
+            raise RuntimeError("killed")
+        return super().embed(texts)
+
+
+def test_a_failed_run_keeps_the_chunks_it_embedded_and_skips_torn_shards(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        CachedEmbedder(FailingAfter(1), disk_dir=tmp_path, chunk=2).embed(["a", "b", "c", "d"])
+    folder = tmp_path / CountingEmbedder.version
+    (folder / "torn.keys.npy").write_bytes(b"not a numpy file")
+    (folder / "torn.vecs.npy").write_bytes(b"")
+    inner = CountingEmbedder()
+    resumed = CachedEmbedder(inner, disk_dir=tmp_path)
+    resumed.embed(["a", "b", "c", "d"])
+    assert inner.calls == [["c", "d"]]
 
 
 # ------------------------------------------------------------------ async

@@ -248,9 +248,7 @@ def test_a_procedure_comes_back_observed_and_earns_its_stages_again(tmp_path) ->
     runs = [x for i in range(3) for x in tool_run(f"p{i}", T0 + i * 3_600_000,
                                                   [("build", "ok"), ("test", "ok")],
                                                   intent="ship the docs")]
-    store = MemoryStore()
-    for e in observe_log(runs):
-        store.apply(e)
+    store = _store(*observe_log(runs))
     for e in consolidate(store, store.latest_event_time + QUIET_MS):
         store.apply(e)
     (p,) = store.all_procedures()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from mnemoflow.agents.consolidate import QUIET_MS, consolidate
+from mnemoflow.agents.facts import CONFIDENCE_CEIL, CONFIDENCE_FLOOR, EVIDENCE_KEPT, REINFORCE_STEP
 from mnemoflow.agents.memory_events import (
     host_alias,
     host_approve_procedure,
@@ -16,13 +17,7 @@ from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.agents.rank import Ranked
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import IndexTuning
-from mnemoflow.projections.memory_store import (
-    CONFIDENCE_CEIL,
-    CONFIDENCE_FLOOR,
-    EVIDENCE_KEPT,
-    REINFORCE_STEP,
-    MemoryStore,
-)
+from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.projections.vector_tier import VectorSink
 
 from factories import T0, observe_log, tool_run, user_event
@@ -253,9 +248,7 @@ def test_a_disputed_memory_is_hidden_until_confirmed() -> None:
 def _procedure_store(tools: list[tuple[str, str]], sessions: int) -> tuple[MemoryStore, str]:
     runs = [x for i in range(sessions)
             for x in tool_run(f"p{i}", T0 + i * 3_600_000, tools, intent="ship the docs")]
-    s = MemoryStore()
-    for e in observe_log(runs):
-        s.apply(e)
+    s = _store_of(observe_log(runs))
     for e in consolidate(s, s.latest_event_time + QUIET_MS):
         s.apply(e)
     (p,) = s.all_procedures()

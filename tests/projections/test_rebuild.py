@@ -50,7 +50,7 @@ async def _search(store: MemoryStore, index, emb) -> list:
                "eventTime": T0 + 10**6}
         lex = [(c.memory_id, round(c.relevance, 4)) for c in store.search_lexical(req, 5)]
         vec = (await emb.embed([q], 30))[0]
-        vs = [(m, round(s, 4)) for m, s in index.search(vec, scope_chain(req), T0 + 10**6, 5)]
+        vs = [(m, round(s, 4)) for m, s in await index.search(vec, scope_chain(req), T0 + 10**6, 5)]
         res.append((lex, vs))
     return res
 
@@ -79,20 +79,20 @@ async def test_rebuild_from_log_and_from_markdown_give_the_same_results(tmp_path
     for f in [p for p in (tmp_path / "idx").rglob("*.lance") if p.is_file()]:  # truncate data
         f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 3)])
     with pytest.raises(Exception):  # noqa: B017 - lance raises its own error types
-        broken = open_index(tmp_path / "idx", IndexMeta(emb.name, emb.dim, emb.version))
+        broken = await open_index(tmp_path / "idx", IndexMeta(emb.name, emb.dim, emb.version))
         await _search(store, broken, emb)
 
     store2, index2 = await from_markdown(md, tmp_path / "idx", emb)
     assert await _search(store2, index2, emb) == first
 
 
-def test_an_index_of_another_model_is_refused(tmp_path) -> None:
-    open_index(tmp_path / "i", IndexMeta("model-a", 4, "1"))
+async def test_an_index_of_another_model_is_refused(tmp_path) -> None:
+    await open_index(tmp_path / "i", IndexMeta("model-a", 4, "1"))
     with pytest.raises(IndexMismatch):
-        open_index(tmp_path / "i", IndexMeta("model-b", 8, "1"))
-    idx = open_index(tmp_path / "i", IndexMeta("model-b", 8, "1"), rebuild=True)
+        await open_index(tmp_path / "i", IndexMeta("model-b", 8, "1"))
+    idx = await open_index(tmp_path / "i", IndexMeta("model-b", 8, "1"), rebuild=True)
     assert len(idx) == 0
-    idx.add([{"memory_id": "m", "kind": "segment", "text": "t", "scope": "User", "owner": "u",
+    await idx.add([{"memory_id": "m", "kind": "segment", "text": "t", "scope": "User", "owner": "u",
               "event_time": 1}], np.ones((1, 8), dtype=np.float32))
     assert len(idx) == 1
 
@@ -128,6 +128,7 @@ async def test_the_worker_opens_a_rebuilt_index_made_with_its_weights_file(tmp_p
     tuning = load_tuning(s.weights_file).index
     _, index = await rebuild(_events(), s.home / "lancedb" / s.app_id, emb, tuning=tuning)
     rows = len(index)
-    pipe = build_pipeline(s, "127.0.0.1:9")  # opens it: the same index meta
-    vec = next(t.tier for t in pipe.tiers if t.tier.name == "vector")
+    runner = build_pipeline(s, "127.0.0.1:9")
+    await runner.memory.start()  # opens it: the same index meta, else IndexMismatch
+    vec = next(t.tier for t in runner.memory.tiers if t.tier.name == "vector")
     assert len(vec.index) == rows > 0

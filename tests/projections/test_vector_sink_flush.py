@@ -14,11 +14,11 @@ class _Index:
         self.ids: set[str] = set()
         self.revoked: list[str] = []
 
-    def add(self, rows: list[dict], vectors: np.ndarray) -> None:
+    async def add(self, rows: list[dict], vectors: np.ndarray) -> None:
         assert len(rows) == len(vectors)
         self.ids.update(r["memory_id"] for r in rows)
 
-    def revoke(self, mid: str) -> None:
+    async def revoke(self, mid: str) -> None:
         self.revoked.append(mid)
         self.ids.discard(mid)
 

@@ -63,7 +63,7 @@ def test_doc_change_kept_the_fingerprint() -> None:
 
 def test_every_reason_the_code_emits_is_documented() -> None:
     emitted = set(re.findall(r'DecodeError\("([a-z-]+)"', (ROOT / "schemas/codec.py").read_text()))
-    emitted |= set(re.findall(r'to_dlq\(\w+, "([a-z-]+)"', (ROOT / "streams/worker.py").read_text()))
+    emitted |= set(re.findall(r'to_dlq\(\w+, "([a-z-]+)"', (ROOT / "streams/faust_runner.py").read_text()))
     emitted |= set(re.findall(r'dead_letter=\(\s*"([a-z-]+)"', (ROOT / "agents/observer.py").read_text()))
     assert {"bad-magic", "wrong-type", "processing-error", "oversized", "invalid"} <= emitted
     schema = json.loads((ROOT / "schemas/dead-letter.avsc").read_text())

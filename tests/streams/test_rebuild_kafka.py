@@ -82,6 +82,15 @@ async def _ask(s: Settings, bootstrap: str, session: str) -> dict[str, Any]:
                       for p in packets for it in p["items"]]}
 
 
+async def _ask_a_new_worker(s: Settings, bootstrap: str, session: str) -> dict[str, Any]:
+    """`_ask`, answered by a worker started for this question and stopped after it."""
+    w = await _start_worker(s, bootstrap)
+    try:
+        return await _ask(s, bootstrap, session)
+    finally:
+        w.stop()
+
+
 def _same_answer(after: dict[str, Any], before: dict[str, Any]) -> None:
     assert after["action"] == before["action"] == "inject", after
     assert after["tiers"] == before["tiers"]
@@ -172,12 +181,7 @@ async def test_recall_after_a_lost_memory_log_and_a_lost_index(own_broker) -> No
     assert again.appended == 0 and again.log_records == len(restored)  # idempotent
     assert len(await read_memory_log(s, bootstrap)) == len(restored)
 
-    w = await _start_worker(s, bootstrap)
-    try:
-        after_markdown = await _ask(s, bootstrap, "ask-after-markdown")
-    finally:
-        w.stop()
-    _same_answer(after_markdown, before)
+    _same_answer(await _ask_a_new_worker(s, bootstrap, "ask-after-markdown"), before)
 
     # the index and MEMORY.md lost, the memory-log kept
     kept = {e["memoryId"]: e for e in events_from_markdown(s.home / "markdown" / s.app_id)}
@@ -187,11 +191,6 @@ async def test_recall_after_a_lost_memory_log_and_a_lost_index(own_broker) -> No
     out = _cli(s, "rebuild", "--from", "memory-log")
     assert _memory_files(s), out
     assert {e["memoryId"]: e for e in events_from_markdown(s.home / "markdown" / s.app_id)} == kept
-    w = await _start_worker(s, bootstrap)
-    try:
-        after_log = await _ask(s, bootstrap, "ask-after-memory-log")
-    finally:
-        w.stop()
-    _same_answer(after_log, before)
+    _same_answer(await _ask_a_new_worker(s, bootstrap, "ask-after-memory-log"), before)
     timings["total"] = time.monotonic() - started
     print("timings (s):", {k: round(v, 1) for k, v in timings.items()}, file=sys.stderr)

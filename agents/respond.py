@@ -1,0 +1,44 @@
+"""The recall stage's composition: recall (C-04) -> rank (C-05) -> safety (G-03) -> broker (C-06).
+
+One function, called by every runner, so a request gives the same audit wherever it runs.
+The runner has already waited for the memory projection and says what it found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
+from mnemoflow.agents.injection_rules import RuleSet
+from mnemoflow.agents.rank import rank
+from mnemoflow.agents.recall import TierSpec, recall
+from mnemoflow.agents.safety import check
+from mnemoflow.agents.tuning import RankTuning
+
+
+@dataclass(frozen=True)
+class Projection:
+    """What the runner's wait for the memory projection found before a recall."""
+
+    version: str  # the index version read before the wait
+    caught_up: bool  # False: the wait timed out and recall answers from what is there
+
+
+async def respond(state: BrokerState, request: dict[str, Any], tiers: Sequence[TierSpec],
+                  projection: Projection, index_version: Callable[[], str],
+                  t: RankTuning, rules: RuleSet | None = None
+                  ) -> tuple[BrokerState, BrokerOutput]:
+    """The packet and audit for one request. A redelivered request re-emits exactly what its
+    first pass emitted, without recalling again."""
+    again = state.replayed(request["requestId"])
+    if again is not None:
+        return state, BrokerOutput(again[0], again[1], replayed=True)
+    result = await recall(request, tiers, t.recall_k)
+    if not projection.caught_up:
+        result.tiers["projection"] = "lagging"
+    ranked = rank(result.candidates, request, state.recent_digests(request["eventTime"]),
+                  projection.version, t)
+    verdict = check(ranked.kept, request, rules)
+    return build(state, request, result, ranked, verdict, projection.version, index_version(), t)

@@ -1,0 +1,246 @@
+"""Runs the topology (`agents.topology`) as faust agents: one thin agent per stage.
+
+Each stage's state lives in a faust Table keyed like its input and co-partitioned with it, so
+a session's state moves with its events. Values are raw Avro bytes: bad bytes go to the
+dead-letter topic with a reason and the stream goes on. Agents run with concurrency=1, and
+records are acked by hand once processed or dead-lettered (faust acks the record in hand when
+an agent raises, and a record acked unprocessed would be committed past and lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import faust
+from aiokafka.errors import MessageSizeTooLargeError
+from faust.exceptions import ProducerSendError
+
+from mnemoflow.agents.candidate import scope_chain
+from mnemoflow.agents.inbox import op_record
+from mnemoflow.agents.respond import Projection
+from mnemoflow.agents.topology import (
+    INPUT_TOPICS,
+    TOPOLOGY,
+    Emit,
+    Periodic,
+    Ports,
+    Record,
+    Stage,
+    Topology,
+)
+from mnemoflow.agents.topology import run_step as run_stage_step
+from mnemoflow.projections.memory import Memory
+from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
+from mnemoflow.streams import topics as T
+from mnemoflow.streams.config import Settings
+from mnemoflow.streams.deadletter import dead_letter
+from mnemoflow.streams.lifecycle import CrashLimit
+from mnemoflow.streams.projector import MemoryLogProjector
+
+log = logging.getLogger(__name__)
+RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
+RETRY_MAX_S = 8.0
+RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
+SCHEMA_OF = {spec.base: spec.value_schema for spec in T.CATALOGUE}
+
+
+class OutputTooLarge(Exception):
+    """An output of this record is over the broker's message size: the record's fault."""
+
+
+class StageError(Exception):
+    """A step raised on this record (its cause): the record's fault, not the worker's."""
+
+
+@dataclass
+class FaustRunner:
+    """The topology on a faust app; the app, memory and projector come from the worker."""
+
+    settings: Settings
+    app: faust.App
+    registry: SchemaRegistry
+    memory: Memory
+    projector: MemoryLogProjector
+    ports: Ports
+    topology: Topology = TOPOLOGY
+    counters: dict[str, int] = field(default_factory=dict)
+    last_input: float = 0.0  # monotonic time of the last input event: idle detection only
+    crashes: CrashLimit = field(default_factory=lambda: CrashLimit(5))
+    # set by the worker: called once when an agent is past its limit
+    on_fatal: Callable[[str], None] | None = None
+    topics: dict[str, faust.TopicT] = field(default_factory=dict)
+
+    def bump(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def wire(self) -> None:
+        s, app = self.settings, self.app
+        self.topics = {spec.base: app.topic(spec.name(s), partitions=s.partitions, **RAW)
+                       for spec in T.CATALOGUE}
+        app.agent_crashed = self._agent_crashed
+        for stage in self.topology.stages:
+            self._agent(stage)
+        for periodic in self.topology.periodic:
+            self._timer(periodic)
+
+        @app.task
+        async def project_memory_log() -> None:
+            await self.memory.start()
+            self.projector.sinks = list(self.memory.sinks)
+            if self.memory.embedder is not None:
+                await self.memory.embedder.warm_up()
+            await self.projector.run()
+
+    # ------------------------------------------------------------------------ generation
+
+    def _agent(self, stage: Stage) -> None:
+        s, app = self.settings, self.app
+        table = app.Table(stage.table, default=None, partitions=s.partitions)
+        source = (self.topics[stage.inputs[0]] if len(stage.inputs) == 1
+                  else app.topic(*(s.topic(b) for b in stage.inputs), **RAW))
+        base_of = {s.topic(b): b for b in stage.inputs}
+        is_input = set(stage.inputs) <= set(INPUT_TOPICS)
+
+        async def body(ev: faust.types.EventT, value: dict[str, Any]) -> None:
+            m = ev.message
+            skey = stage.key(value)
+            stored = table.get(skey)  # a table error is not the record's fault
+            projection = None
+            if stage.barrier:
+                version = self.memory.store.version
+                caught_up = await self.projector.barrier(
+                    s.barrier_timeout_s, projected=s.recall_barrier == "projected",
+                    owners=scope_chain(value))
+                projection = Projection(version, caught_up)
+            record = Record(base_of[m.topic], value, int((m.timestamp or 0) * 1000), projection)
+            try:
+                state = stage.load(self.ports, stored)
+                new, outs = await run_stage_step(stage, self.ports, state, record)
+                dumped = stage.dump(new)
+            except Exception as exc:
+                raise StageError(str(exc)) from exc
+            for out in outs:
+                if isinstance(out, Emit):
+                    await self._send(out)
+                else:
+                    await self._to_dlq(ev, out.reason, out.detail, stage.name)
+                    return
+            if dumped != stored:
+                table[skey] = dumped
+
+        async def agent(stream: faust.StreamT) -> None:
+            async for manual, ev, value in self._records(stream, stage.name, base_of):
+                if is_input:
+                    self.last_input = time.monotonic()
+                await self._guarded(manual, ev, stage.name, partial(body, ev, value))
+
+        agent.__name__ = agent.__qualname__ = stage.name
+        agent.__doc__ = stage.doc
+        app.agent(source, name=stage.name, concurrency=1)(agent)
+
+    def _timer(self, periodic: Periodic) -> None:
+        s = self.settings
+
+        async def tick() -> None:
+            """The wall clock only schedules it; what it writes depends on the memory-log."""
+            if time.monotonic() - self.last_input < s.consolidate_idle_s:
+                return  # not idle: the stream comes first
+            if not await self.projector.barrier(timeout=2.0):
+                return
+            for out in periodic.run(self.ports):
+                if isinstance(out, Emit):
+                    self.bump(f"{periodic.name}-events")
+                    await self._send(out)
+
+        tick.__name__ = tick.__qualname__ = periodic.name
+        self.app.timer(interval=s.consolidate_interval_s, on_leader=True)(tick)
+
+    # ------------------------------------------------------------------------------ I/O
+
+    async def _records(self, stream: faust.StreamT, stage: str,
+                       base_of: dict[str, str]) -> AsyncIterator[tuple[Any, Any, dict]]:
+        """(manual stream, event, decoded value) of each record; bad bytes are dead-lettered."""
+        manual = stream.noack()
+        async for ev in manual.events():
+            try:
+                _, value = self.registry.decode(ev.message.value,
+                                                SCHEMA_OF[base_of[ev.message.topic]])
+            except DecodeError as exc:
+                await self._to_dlq(ev, exc.reason, exc.detail, stage)
+                await manual.ack(ev)
+                continue
+            yield manual, ev, value
+
+    async def _to_dlq(self, ev: faust.types.EventT, reason: str, detail: str, stage: str) -> None:
+        m = ev.message
+        self.bump(f"dead-letter:{reason}")
+        rec = dead_letter(reason, detail, m.topic, m.partition, m.offset, m.key, m.value, stage)
+        # under the kept key: a key near the broker's size limit would not fit beside the record
+        await self.topics["dead-letter"].send(
+            key=rec["key"], value=self.registry.encode("io.mnemoflow.DeadLetter", rec))
+
+    async def _send(self, out: Emit) -> None:
+        headers = None
+        if out.topic == "inbox":
+            self.bump("packets")
+            value, headers = op_record(out.value, self.registry)
+        else:
+            if out.topic == "segments":
+                self.bump("segments")
+            value = self.registry.encode(SCHEMA_OF[out.topic], out.value)
+        try:
+            await self.topics[out.topic].send(key=out.key.encode(), value=value, headers=headers)
+        except (MessageSizeTooLargeError, ProducerSendError) as exc:
+            cause = exc if isinstance(exc, MessageSizeTooLargeError) else exc.__cause__
+            if not isinstance(cause, MessageSizeTooLargeError):
+                raise
+            raise OutputTooLarge(f"a {out.topic} record for this input is over the broker's "
+                                 f"message size limit") from exc
+
+    async def _agent_crashed(self, agent: Any, exc: BaseException) -> None:
+        """An error outside `_guarded` (faust's own); faust restarts the agent, and past the
+        limit the worker stops instead. The record in hand stays unacked."""
+        name = agent.name.rsplit(".", 1)[-1]
+        log.error("agent %s crashed: %r", name, exc)
+        if self.crashes.failed(name, exc) and self.on_fatal is not None:
+            self.on_fatal(self.crashes.fatal)
+
+    async def _guarded(self, stream: faust.StreamT, ev: faust.types.EventT, stage: str,
+                       body: Callable[[], Awaitable[None]]) -> None:
+        """Run one record through a stage, then ack it. An error of the record's own making
+        (the step raised, or an output is too large to write) dead-letters the record and the
+        stream goes on. Anything else (the broker, a table) is retried on the same record with
+        a back-off; past MNEMOFLOW_AGENT_MAX_RETRIES failures in a row the worker stops,
+        leaving the record unacked, so that the next worker gets it again."""
+        failures = 0
+        while True:
+            try:
+                if stage in self.settings.fault_agents:  # a drill: an infrastructure fault
+                    raise RuntimeError(f"injected fault in agent {stage} (MNEMOFLOW_FAULT_AGENTS)")
+                await body()
+            except OutputTooLarge as exc:
+                await self._to_dlq(ev, "oversized", str(exc), stage)
+            except StageError as exc:
+                log.warning("%s failed on %s[%s]@%s: %s", stage, ev.message.topic,
+                            ev.message.partition, ev.message.offset, exc.__cause__)
+                await self._to_dlq(ev, "processing-error", repr(exc.__cause__), stage)
+            except Exception as exc:
+                failures += 1
+                log.error("%s failed on %s[%s]@%s (try %d), trying again: %r", stage,
+                          ev.message.topic, ev.message.partition, ev.message.offset,
+                          failures, exc)
+                if self.crashes.failed(stage, exc):
+                    if self.on_fatal is not None:
+                        self.on_fatal(self.crashes.fatal)
+                    await asyncio.Event().wait()  # unacked until the stop cancels this
+                await asyncio.sleep(min(RETRY_FIRST_S * 2 ** (failures - 1), RETRY_MAX_S))
+                continue
+            self.crashes.succeeded(stage)
+            await stream.ack(ev)
+            return
