@@ -1,4 +1,4 @@
-"""Issue 4 bench: pending-state rebuild from an inbox log (10k, 100k ops) vs a raw consume of the
+"""Bench: pending-state rebuild from an inbox log (10k, 100k ops) vs a raw consume of the
 same topic, and claim latency. Run: .venv/bin/python bench/bench_inbox.py [--sizes 10000 100000]
 
 Two rebuilds are timed on the same log:

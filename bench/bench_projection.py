@@ -1,4 +1,4 @@
-"""Issue 5 bench: projection lag, memory-log record produced -> searchable.
+"""Bench: projection lag, memory-log record produced -> searchable.
 
 The real projector (`MemoryLogProjector`, all partitions from the start) with the worker's
 sinks (Markdown, MiniLM embedding off the loop, LanceDB) folds a memory-log topic on the real

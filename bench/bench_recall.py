@@ -1,4 +1,4 @@
-"""Issue 5 bench: recall latency (vector + lexical + rank) at 10k / 100k (/ 1M) memories,
+"""Bench: recall latency (vector + lexical + rank) at 10k / 100k (/ 1M) memories,
 timed as the worker runs them (the vector search awaited beside the lexical tier, then rank),
 as a ratio to a flat numpy scan of the same vectors in the same run; worker-like RSS.
 

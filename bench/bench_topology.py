@@ -1,4 +1,4 @@
-"""Issue 3 bench: event->packet latency and topology throughput, as ratios to raw Kafka.
+"""Bench: event->packet latency and topology throughput, as ratios to raw Kafka.
 
 Run: .venv/bin/python bench/bench_topology.py [--questions 100 --events 3000]
 Against KAFKA_BOOTSTRAP or the running local broker; with neither, it starts the local broker

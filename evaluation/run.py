@@ -54,7 +54,7 @@ def _cosine_inputs(bench: Benchmark, data: metrics.TopicData
                    ) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, np.ndarray]]:
     """Plain MiniLM vectors of the recorded turn texts and of the questions.
 
-    Embedded here rather than read from LanceDB: the index now stores context-blended
+    Embedded here rather than read from LanceDB: the index stores context-blended
     vectors (IndexTuning.vector_context_weight), and the baseline must stay plain cosine.
     The on-disk cache makes a repeated run cheap.
     """

@@ -64,7 +64,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     # one BLAS thread: embedding already runs beside the event loop, and oversubscribed BLAS
-    # threads spin (measured here: 3 texts/s with the default, 17 with one thread, under load)
+    # threads spin instead of working
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     from mnemoflow.streams.kafka_local import resolve_bootstrap

@@ -21,7 +21,7 @@ from mnemoflow.agents.topology import Ports
 from mnemoflow.agents.tuning import Tuning, load_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
 from mnemoflow.projections.memory import build_memory
-from mnemoflow.projections.vector_index import open_index
+from mnemoflow.projections.vector_index import IndexMeta, IndexMismatch, VectorIndex, open_index
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams import topics as T
@@ -85,6 +85,17 @@ def faust_app(settings: Settings, bootstrap: str) -> faust.App:
         stream_wait_empty=False, **kw)
 
 
+async def open_or_replace(path: Path, meta: IndexMeta) -> VectorIndex:
+    """The worker's vector index. One built with another model or in an older layout is
+    replaced, never mixed: the projector folds the whole memory-log on every start, so the
+    new index is filled from it."""
+    try:
+        return await open_index(path, meta)
+    except IndexMismatch as exc:
+        log.warning("%s; building it again from the memory-log", exc)
+        return await open_index(path, meta, rebuild=True)
+
+
 def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = None) -> FaustRunner:
     """The worker's runner: its faust app, memory, projector and ports, wired."""
     tuning = tuning or load_tuning(settings.weights_file)
@@ -92,7 +103,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     embedder = index = None
     if settings.vector:
         embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
-        index = partial(open_index, settings.home / "lancedb" / settings.app_id,
+        index = partial(open_or_replace, settings.home / "lancedb" / settings.app_id,
                         index_meta(embedder, tuning.index))
     memory = build_memory(tuning, embedder=embedder, index=index, graph=settings.graph,
                           vector_timeout_s=settings.vector_timeout_s,

@@ -132,3 +132,19 @@ async def test_the_worker_opens_a_rebuilt_index_made_with_its_weights_file(tmp_p
     await runner.memory.start()  # opens it: the same index meta, else IndexMismatch
     vec = next(t.tier for t in runner.memory.tiers if t.tier.name == "vector")
     assert len(vec.index) == rows > 0
+
+
+async def test_the_worker_replaces_an_index_of_an_older_layout(tmp_path, emb) -> None:
+    from mnemoflow.agents.tuning import load_tuning
+    from mnemoflow.projections.vector_tier import index_meta
+    from mnemoflow.streams.worker import open_or_replace
+
+    path = tmp_path / "lancedb"
+    meta = index_meta(emb, load_tuning().index)
+    path.mkdir()
+    (path / "index_meta.json").write_text(json.dumps({**meta.to_json(), "layout": "per-kind/2"}))
+    with pytest.raises(IndexMismatch):
+        await open_index(path, meta)
+    index = await open_or_replace(path, meta)
+    assert len(index) == 0
+    assert json.loads((path / "index_meta.json").read_text())["layout"] != "per-kind/2"
