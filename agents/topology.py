@@ -193,9 +193,6 @@ class Topology:
     stages: tuple[Stage, ...]
     periodic: tuple[Periodic, ...] = field(default=())
 
-    def stage(self, name: str) -> Stage:
-        return next(s for s in self.stages if s.name == name)
-
     def consumers(self, topic: str) -> list[Stage]:
         return [s for s in self.stages if topic in s.inputs]
 

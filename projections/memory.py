@@ -4,6 +4,7 @@ with the same timeouts and names the same index version."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,13 +77,10 @@ class Memory:
             sink.on_event(ev)
         return True
 
-    def unprojected(self, owners: Collection[tuple[str, str]]) -> bool:
-        return any(s.unprojected(owners) for s in self.sinks if hasattr(s, "unprojected"))
-
     async def flush(self) -> None:
         for sink in self.sinks:
             res = sink.flush()
-            if hasattr(res, "__await__"):
+            if inspect.isawaitable(res):
                 await res
 
 

@@ -68,7 +68,9 @@ class InMemoryRunner:
         try:
             _, value = self.registry.decode(raw, spec.value_schema)
         except DecodeError as exc:
-            self._dead_letter(exc.reason, exc.detail, topic, key, raw, "observer")
+            stages = self.topology.consumers(topic)
+            self._dead_letter(exc.reason, exc.detail, topic, key, raw,
+                              stages[0].name if stages else "")
             return
         await self.send(topic, value, key.decode("utf-8", "replace"))
 
