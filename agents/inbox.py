@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from mnemoflow.agents.ids import stable_id
+
 Packet = dict[str, Any]
 PacketSource = Packet | Callable[[], Packet]  # the packet, or a loader that decodes it
 
@@ -378,3 +380,19 @@ def split_expired(state: PendingState, now_ms: int) -> tuple[list[Packet], list[
 def claim_pages(packet_ids: Sequence[str], page: int = CLAIM_PAGE) -> list[list[str]]:
     """FIFO pages of packet ids, one claim op each: every op is atomic on its own."""
     return [list(packet_ids[i:i + page]) for i in range(0, len(packet_ids), page)]
+
+
+def expire_op(session_id: str, packet_ids: Sequence[str], now_ms: int) -> dict[str, Any]:
+    """The op that retires packets past their expiry; its id follows from them (idempotent)."""
+    return {"opId": stable_id("op", "expire", session_id, *packet_ids), "op": "expire",
+            "sessionId": session_id, "eventTime": now_ms, "packet": None,
+            "packetIds": list(packet_ids), "claimer": None, "reason": "expired",
+            "authorisedBy": None}
+
+
+def claim_op(op_id: str, session_id: str, packet_ids: Sequence[str], now_ms: int,
+             claimer: str) -> dict[str, Any]:
+    """One page of a claim: the fold gives each packet to the first claim op that names it."""
+    return {"opId": op_id, "op": "claim", "sessionId": session_id, "eventTime": now_ms,
+            "packet": None, "packetIds": list(packet_ids), "claimer": claimer, "reason": None,
+            "authorisedBy": None}

@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
 RETRY_MAX_S = 8.0
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
-SCHEMA_OF = {spec.base: spec.value_schema for spec in T.CATALOGUE}
 
 
 class OutputTooLarge(Exception):
@@ -170,7 +169,7 @@ class FaustRunner:
         async for ev in manual.events():
             try:
                 _, value = self.registry.decode(ev.message.value,
-                                                SCHEMA_OF[base_of[ev.message.topic]])
+                                                T.VALUE_SCHEMA[base_of[ev.message.topic]])
             except DecodeError as exc:
                 await self._to_dlq(ev, exc.reason, exc.detail, stage)
                 await manual.ack(ev)
@@ -193,7 +192,7 @@ class FaustRunner:
         else:
             if out.topic == "segments":
                 self.bump("segments")
-            value = self.registry.encode(SCHEMA_OF[out.topic], out.value)
+            value = self.registry.encode(T.VALUE_SCHEMA[out.topic], out.value)
         try:
             await self.topics[out.topic].send(key=out.key.encode(), value=value, headers=headers)
         except (MessageSizeTooLargeError, ProducerSendError) as exc:

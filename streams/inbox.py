@@ -36,7 +36,9 @@ from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.inbox import (
     HISTORY,
     PendingState,
+    claim_op,
     claim_pages,
+    expire_op,
     meta_from_headers,
     meta_of,
     op_record,
@@ -353,10 +355,7 @@ class InboxClient:
         live, dead = split_expired(state, now_ms)
         expired = tuple(p["packetId"] for p in dead)
         if expired:
-            await self._write({"opId": stable_id("op", "expire", session_id, *expired),
-                               "op": "expire", "sessionId": session_id, "eventTime": now_ms,
-                               "packet": None, "packetIds": list(expired), "claimer": None,
-                               "reason": "expired", "authorisedBy": None})
+            await self._write(expire_op(session_id, expired, now_ms))
         visible = tuple(p["packetId"] for p in live if p["exactDigest"] in visible_digests)
         if visible:
             await self.remove(session_id, list(visible), now_ms, "already-visible")
@@ -368,10 +367,8 @@ class InboxClient:
             # remembered before the write: a write that raises may still land
             self._unsettled.setdefault(session_id, []).append(
                 (claim_id, [p for p in live if p["packetId"] in ids]))
-            offset = await self._write({
-                "opId": claim_id, "op": "claim", "sessionId": session_id, "eventTime": now_ms,
-                "packet": None, "packetIds": page, "claimer": self.claimer_id, "reason": None,
-                "authorisedBy": None})
+            offset = await self._write(claim_op(claim_id, session_id, page, now_ms,
+                                                self.claimer_id))
             claim_ids.append(claim_id)
         if claim_ids:
             state = await self.sync(session_id, until_offset=offset)

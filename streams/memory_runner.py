@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mnemoflow.agents.ids import stable_id
-from mnemoflow.agents.inbox import claim_pages, fold, split_expired
+from mnemoflow.agents.inbox import claim_op, claim_pages, expire_op, fold, split_expired
 from mnemoflow.agents.respond import Projection
 from mnemoflow.agents.topology import TOPOLOGY, Emit, Ports, Record, Reject, Topology, run_step
 from mnemoflow.projections.memory import Memory
@@ -64,9 +64,8 @@ class InMemoryRunner:
     async def send_bytes(self, topic: str, key: bytes, raw: bytes) -> None:
         """An encoded record, as a host would write it: bad bytes go to the dead letters."""
         assert self.registry is not None, "send_bytes needs a registry"
-        spec = next(s for s in T.CATALOGUE if s.base == topic)
         try:
-            _, value = self.registry.decode(raw, spec.value_schema)
+            _, value = self.registry.decode(raw, T.VALUE_SCHEMA[topic])
         except DecodeError as exc:
             stages = self.topology.consumers(topic)
             self._dead_letter(exc.reason, exc.detail, topic, key, raw,
@@ -88,16 +87,11 @@ class InMemoryRunner:
         ops = [(i, v) for i, (k, v) in enumerate(self.logs.get("inbox", [])) if k == session_id]
         live, dead = split_expired(fold(ops), now_ms)
         if dead:
-            ids = [p["packetId"] for p in dead]
-            self._append("inbox", session_id, {
-                "opId": stable_id("op", "expire", session_id, *ids), "op": "expire",
-                "sessionId": session_id, "eventTime": now_ms, "packet": None, "packetIds": ids,
-                "claimer": None, "reason": "expired", "authorisedBy": None})
+            self._append("inbox", session_id,
+                         expire_op(session_id, [p["packetId"] for p in dead], now_ms))
         for page in claim_pages([p["packetId"] for p in live]):
-            self._append("inbox", session_id, {
-                "opId": stable_id("op", "claim", CLAIMER, session_id, *page), "op": "claim",
-                "sessionId": session_id, "eventTime": now_ms, "packet": None, "packetIds": page,
-                "claimer": CLAIMER, "reason": None, "authorisedBy": None})
+            op_id = stable_id("op", "claim", CLAIMER, session_id, *page)
+            self._append("inbox", session_id, claim_op(op_id, session_id, page, now_ms, CLAIMER))
         return list(live)
 
     # ---------------------------------------------------------------------------- inside

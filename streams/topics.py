@@ -59,3 +59,5 @@ CATALOGUE: tuple[TopicSpec, ...] = (
     INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, DEAD_LETTER,
 )
 INPUT_TOPICS = (SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS)
+# the Avro record of each topic's values, by base name
+VALUE_SCHEMA: dict[str, str] = {spec.base: spec.value_schema for spec in CATALOGUE}

@@ -53,7 +53,6 @@ class Harness(Protocol):
     async def restart(self) -> None: ...
 
 
-SCHEMA_OF = {spec.base: spec.value_schema for spec in T.CATALOGUE}
 
 
 @dataclass
@@ -142,7 +141,7 @@ class KafkaHarness:
 
     async def send(self, topic: str, key: str, value: dict[str, Any]) -> None:
         assert self.host is not None
-        await self.host.producer.send(self.settings.topic(topic), SCHEMA_OF[topic], key, value)
+        await self.host.producer.send(self.settings.topic(topic), T.VALUE_SCHEMA[topic], key, value)
 
     async def send_bytes(self, topic: str, key: bytes, raw: bytes) -> None:
         assert self.host is not None
