@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnemoflow.agents.ids import stable_id
+from mnemoflow.agents.ids import RecentIds, stable_id
 from mnemoflow.agents.memory_events import REVOKE_OPS
 
 ENTITY = "entity:"
@@ -90,13 +90,13 @@ class View:
 class GraphState:
     """The fold. `apply` is idempotent by eventId and ignores ops that are not about the graph."""
 
-    def __init__(self) -> None:
+    def __init__(self, applied_window: int = 200_000) -> None:
         self.memories: dict[str, MemoryNode] = {}
         self.links: dict[str, Link] = {}
         self.partitions: dict[tuple[str, str], Partition] = {}
         self.revoked_memories: set[str] = set()  # tombstones: revoked before (or after) recorded
         self.revoked_links: set[str] = set()
-        self._applied: set[str] = set()
+        self._applied = RecentIds(applied_window)  # a redelivery guard, bounded
 
     def __len__(self) -> int:
         return len(self.memories)

@@ -24,6 +24,7 @@ class Projection:
 
     version: str  # the index version read before the wait
     caught_up: bool  # False: the wait timed out and recall answers from what is there
+    lag: str = "lagging"  # why not caught up: lagging | restoring (the partition is moving)
 
 
 async def respond(state: BrokerState, request: dict[str, Any], tiers: Sequence[TierSpec],
@@ -37,7 +38,7 @@ async def respond(state: BrokerState, request: dict[str, Any], tiers: Sequence[T
         return state, BrokerOutput(again[0], again[1], replayed=True)
     result = await recall(request, tiers, t.recall_k)
     if not projection.caught_up:
-        result.tiers["projection"] = "lagging"
+        result.tiers["projection"] = projection.lag
     ranked = rank(result.candidates, request, state.recent_digests(request["eventTime"]),
                   projection.version, t)
     verdict = check(ranked.kept, request, rules)

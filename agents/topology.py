@@ -26,6 +26,7 @@ from mnemoflow.agents.evidence import update as update_evidence
 from mnemoflow.agents.gate import GateState, decide
 from mnemoflow.agents.injection_rules import RuleSet
 from mnemoflow.agents.observer import ObserverState, observe
+from mnemoflow.agents.partitioning import memory_topic, request_key
 from mnemoflow.agents.recall import TierSpec
 from mnemoflow.agents.respond import Projection, respond
 from mnemoflow.agents.tuning import Tuning
@@ -72,7 +73,8 @@ class Ports:
     clock: Callable[[], int]  # wall-clock ms; stamps audit emit times, decides nothing
     tiers: Sequence[TierSpec] = ()
     index_version: Callable[[], str] = lambda: ""
-    memory: Any = None  # the memory store consolidation reads (`projections.memory_store`)
+    # the memory stores consolidation reads, one per partition held (`projections.memory_store`)
+    stores: Callable[[], Sequence[Any]] = tuple
     link_proposals: Callable[[], list[dict[str, Any]]] = list  # from the graph projection
     rules: RuleSet | None = None  # the injection rules safety checks with (G-03)
 
@@ -117,8 +119,9 @@ async def run_step(stage: Stage, ports: Ports, state: Any,
 
 
 def memory_emits(events: Sequence[dict[str, Any]]) -> list[Output]:
-    """Memory-log events, keyed by their scope owner."""
-    return [Emit("memory-log", ev["owner"], ev) for ev in events]
+    """Memory events, keyed by their scope owner, to the memory-log (a user's) or to
+    memory-shared (the other scopes)."""
+    return [Emit(memory_topic(ev), ev["owner"], ev) for ev in events]
 
 
 # ------------------------------------------------------------------------------ the steps
@@ -153,7 +156,8 @@ def gate_step(ports: Ports, state: GateState, record: Record) -> tuple[GateState
     sid = _segment_session(record.value)
     emits: list[Output] = [Emit("audit", sid, {**out.audit, "emitTime": ports.clock()})]
     if out.request is not None:
-        emits.append(Emit("recall-requests", sid, out.request))
+        # keyed by the user: recall runs on the partition that holds the user's memories
+        emits.append(Emit("recall-requests", request_key(out.request), out.request))
     return new, emits
 
 
@@ -181,11 +185,10 @@ async def recall_step(ports: Ports, state: BrokerState,
 
 def consolidation_run(ports: Ports) -> list[Output]:
     """M-02 -> M-03/M-04: repeated episodes become candidates, co-occurring entities links.
-    What it writes depends on the memory-log alone, so a rerun adds nothing."""
-    if ports.memory is None:
-        return []
-    events = [*consolidate(ports.memory, ports.memory.latest_event_time), *ports.link_proposals()]
-    return memory_emits(events)
+    What it writes depends on the memory-log alone, so a rerun adds nothing. Each partition's
+    store is consolidated at its own event time (stream time is per partition)."""
+    events = [ev for store in ports.stores() for ev in consolidate(store, store.latest_event_time)]
+    return memory_emits([*events, *ports.link_proposals()])
 
 
 @dataclass(frozen=True)

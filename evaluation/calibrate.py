@@ -44,6 +44,7 @@ import numpy as np
 
 from mnemoflow.agents.broker import audit_candidates
 from mnemoflow.agents.candidate import Candidate
+from mnemoflow.agents.partitioning import partition_of, request_key
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.recall import RecallResult, TierSpec, recall
 from mnemoflow.agents.tuning import IndexTuning, RankTuning, Tuning, load_tuning
@@ -159,7 +160,8 @@ class Prepared:
     requests: dict[str, dict[str, Any]]  # qid -> RecallRequest (questions the gate fired on)
     embedder: AsyncEmbedder
     folds: dict[str, int]
-    stores: dict[tuple[Any, ...], MemoryStore] = field(default_factory=dict)
+    partitions: int = 1  # the runner's: lexical statistics are per partition, as there
+    stores: dict[tuple[Any, ...], PartitionStores] = field(default_factory=dict)
     vectors: dict[float, Any] = field(default_factory=dict)
     lex_hits: dict[tuple[Any, ...], dict[str, list[Candidate]]] = field(default_factory=dict)
     vec_hits: dict[tuple[Any, ...], dict[str, list[Candidate]]] = field(default_factory=dict)
@@ -169,11 +171,11 @@ class Prepared:
     def questions(self) -> dict[str, Question]:
         return {q.qid: q for q in self.bench.questions}
 
-    def store(self, t: Tuning) -> MemoryStore:
+    def store(self, t: Tuning) -> PartitionStores:
         key = _lex_key(t.index)
         if (hit := _hit(self.stores, key)) is not None:
             return hit
-        return _put(self.stores, key, fold_store(self.events, t), 2)
+        return _put(self.stores, key, PartitionStores.fold(self.events, t, self.partitions), 2)
 
     def vector_index(self, t: Tuning) -> Any:
         key = t.index.vector_context_weight
@@ -193,7 +195,7 @@ class Prepared:
             _put(self.lex_hits, lk, {r["requestId"]: store.search_lexical(r, k)
                                      for r in self.requests.values()}, 12)
         if _hit(self.vec_hits, vk) is None:
-            tier = VectorTier(self.store(t), self.vector_index(t), self.embedder)
+            tier = VectorTier(self.store(t).whole, self.vector_index(t), self.embedder)
 
             async def go() -> dict[str, list[Candidate]]:
                 return {r["requestId"]: await tier.search(r, k, ())
@@ -215,6 +217,29 @@ def fold_store(events: Sequence[dict[str, Any]], tuning: Tuning) -> MemoryStore:
     for ev in events:
         store.apply(ev)
     return store
+
+
+@dataclass
+class PartitionStores:
+    """The memory-log folded per partition, as the runner folds it (lexical scores use each
+    partition's statistics), and whole (for the vector tier's record lookups)."""
+
+    partitions: int
+    parts: dict[int, MemoryStore]
+    whole: MemoryStore
+
+    @classmethod
+    def fold(cls, events: Sequence[dict[str, Any]], tuning: Tuning,
+             partitions: int) -> PartitionStores:
+        by_part: dict[int, list[dict[str, Any]]] = {}
+        for ev in events:
+            by_part.setdefault(partition_of(ev["owner"], partitions), []).append(ev)
+        return cls(partitions, {p: fold_store(evs, tuning) for p, evs in by_part.items()},
+                   fold_store(events, tuning))
+
+    def search_lexical(self, request: dict[str, Any], k: int) -> list[Candidate]:
+        store = self.parts.get(partition_of(request_key(request), self.partitions))
+        return store.search_lexical(request, k) if store is not None else []
 
 
 def build_vectors(events: Sequence[dict[str, Any]], tuning: Tuning,
@@ -241,7 +266,7 @@ def prepare(name: str, bench: Benchmark, tuning: Tuning, embedder: Embedder,
             if r["sessionId"] in asked}
     embedder.embed(sorted({r["text"] for r in reqs.values()}))  # one batch, then cache hits
     return Prepared(name, bench, runner.records("memory-log"), reqs, AsyncEmbedder(embedder),
-                    folds)
+                    folds, runner.memory.partitions)
 
 
 def ranked_turns(request: dict[str, Any], result: RecallResult, t: RankTuning) -> list[str]:

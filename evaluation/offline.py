@@ -53,7 +53,7 @@ from mnemoflow.projections.embedding import (
     Embedder,
     MiniLMEmbedder,
 )
-from mnemoflow.projections.memory import build_memory
+from mnemoflow.projections.partitioned import build_partitioned, partition_dir
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.host import CapabilityManifest, HostSession
@@ -77,21 +77,29 @@ def default_embedder() -> Embedder:
 
 def runner_for(tuning: Tuning, *, vector: bool = True, embedder: Embedder | None = None,
                lancedb_dir: Path | None = None, graph: bool = True,
-               max_payload_bytes: int = 262144) -> InMemoryRunner:
-    """The topology in memory over the memory the worker builds (the same tiers and timeouts);
-    the vector index is an in-memory one, or LanceDB in `lancedb_dir`."""
-    aemb = index = None
+               max_payload_bytes: int = 262144, partitions: int | None = None) -> InMemoryRunner:
+    """The topology in memory over the memory the worker builds (the same tiers and timeouts,
+    one memory per partition as the worker's, `MNEMOFLOW_PARTITIONS` unless given); the
+    vector indexes are in-memory ones, or LanceDB under `lancedb_dir`."""
+    aemb = None
+    index_for: Any = None
     if vector:
         inner = embedder or default_embedder()
         aemb = AsyncEmbedder(inner)
+        meta = index_meta(inner, tuning.index)
         if lancedb_dir is not None:
             from mnemoflow.projections.vector_index import open_index
 
-            index = partial(open_index, lancedb_dir, index_meta(inner, tuning.index))
+            root = lancedb_dir
+
+            def index_for(p: int, folder: Path | None) -> Any:
+                return partial(open_index, root / partition_dir(p), meta)
         else:
-            index = ArrayIndex(index_meta(inner, tuning.index))
-    memory = build_memory(tuning, embedder=aemb, index=index, graph=graph,
-                          vector_timeout_s=VECTOR_TIMEOUT_S, sink_batch=512)
+            def index_for(p: int, folder: Path | None) -> Any:
+                return ArrayIndex(meta)
+    memory = build_partitioned(tuning, partitions or Settings().partitions, index_for=index_for,
+                               embedder=aemb, graph=graph, vector_timeout_s=VECTOR_TIMEOUT_S,
+                               sink_batch=512)
     return InMemoryRunner.over(memory, Ports(tuning, max_payload_bytes, wall_ms,
                                              rules=load_rules()))
 
@@ -186,7 +194,7 @@ def evaluate(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bool 
               "questions": len(bench.questions),
               "question_trigger_rate": float(df["triggered"].mean()) if df.height else 0.0,
               "questions_moved_after_their_haystack": bench.shifted_questions,
-              "memories": len(runner.memory.store), "wall_s": log.wall_s,
+              "memories": len(runner.memory), "wall_s": log.wall_s,
               "summary": summarise(df), "pipeline": pipeline_metrics(bench, log, data, df)}
     return result, df, data, log
 

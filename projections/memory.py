@@ -36,6 +36,10 @@ class Memory:
     sink_batch: int | None = None
     fault_tiers: frozenset[str] = frozenset()
     opener: Callable[[], Awaitable[Any]] | None = None  # opens the vector index on start
+    restored: bool = False  # the store came from a snapshot: the sinks have its past
+    # vectors computed elsewhere (the memory-vectors topic), and where new ones are told
+    known_vectors: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    on_embedded: Callable[[list[dict[str, Any]], list[str], Any], None] | None = None
 
     async def start(self) -> None:
         """Open what must be opened on the runner's loop (a LanceDB index); idempotent."""
@@ -56,7 +60,10 @@ class Memory:
         kw: dict[str, Any] = {"batch": self.sink_batch} if self.sink_batch else {}
         sink = VectorSink(index, self.embedder, store=self.store,
                           context_weight=t.vector_context_weight,
-                          embed_max_chars=t.embed_max_chars, **kw)
+                          embed_max_chars=t.embed_max_chars, known=self.known_vectors,
+                          on_embedded=self._embedded, **kw)
+        if self.restored:  # its revocations and re-links are in the index already
+            sink.caught_up()
         at = next((i for i, s in enumerate(self.sinks) if isinstance(s, GraphSink)),
                   len(self.sinks))
         self.sinks.insert(at, sink)
@@ -64,6 +71,14 @@ class Memory:
         self.tiers.insert(1, self.faulty(TierSpec(
             VectorTier(self.store, index, self.embedder, embed_timeout_s=embed_timeout),
             timeout_s=self.vector_timeout_s)))
+
+    def _embedded(self, rows: list[dict[str, Any]], digests: list[str], vectors: Any) -> None:
+        if self.on_embedded is not None:
+            self.on_embedded(rows, digests, vectors)
+
+    def tier(self, name: str) -> Any:
+        """The recall tier of this name, or None (a vector tier before `start`)."""
+        return next((s.tier for s in self.tiers if s.tier.name == name), None)
 
     def link_proposals(self) -> list[dict[str, Any]]:
         return self.graph_sink.take_proposals() if self.graph_sink else []
@@ -87,15 +102,18 @@ class Memory:
 def build_memory(tuning: Tuning, *, embedder: AsyncEmbedder | None = None,
                  index: Any = None, graph: bool = True, vector_timeout_s: float = 3.0,
                  markdown_dir: Path | None = None, fault_tiers: Collection[str] = (),
-                 sink_batch: int | None = None) -> Memory:
+                 sink_batch: int | None = None, store: MemoryStore | None = None,
+                 graph_state: GraphState | None = None) -> Memory:
     """Lexical always; vector when an embedder and an index are given (the index, or a
     coroutine function that opens it: LanceDB's connection belongs to the loop that opened
     it, so the vector parts are then added by `await memory.start()` on the runner's loop);
-    graph expansion only when the tiers before it found few hits (C-04 tier 3)."""
-    store = MemoryStore(index=tuning.index)
+    graph expansion only when the tiers before it found few hits (C-04 tier 3). `store` and
+    `graph_state`: a fold restored from a snapshot, whose rows every sink already holds."""
+    restored = store is not None
+    store = store if store is not None else MemoryStore(index=tuning.index)
     mem = Memory(store, [TierSpec(LexicalTier(store), timeout_s=LEXICAL_TIMEOUT_S)],
                  embedder=embedder, tuning=tuning, vector_timeout_s=vector_timeout_s,
-                 sink_batch=sink_batch, fault_tiers=frozenset(fault_tiers))
+                 sink_batch=sink_batch, fault_tiers=frozenset(fault_tiers), restored=restored)
     if markdown_dir is not None:
         mem.sinks.append(MarkdownSink(markdown_dir, store))
     if embedder is not None and index is not None:
@@ -104,7 +122,7 @@ def build_memory(tuning: Tuning, *, embedder: AsyncEmbedder | None = None,
         if mem.opener is None:
             mem.add_vector(index)
     if graph:
-        mem.graph_sink = GraphSink(GraphState(), store=store)
+        mem.graph_sink = GraphSink(graph_state or GraphState(), store=store)
         mem.sinks.append(mem.graph_sink)
         store.name += "+graph"
         mem.tiers.append(mem.faulty(TierSpec(GraphTier(store, mem.graph_sink.graph),

@@ -29,11 +29,14 @@ from mnemoflow.agents import procedures as P
 from mnemoflow.agents import revocation as R
 from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.consolidate import episode_of
+from mnemoflow.agents.ids import RecentIds
 from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
 from mnemoflow.agents.memory_events import REVOKE_OPS
 from mnemoflow.agents.memory_record import AliasRecord, MemoryRecord, is_candidate, record_of
 from mnemoflow.agents.memory_record import recallable as record_recallable
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
+
+APPLIED_WINDOW = 200_000  # recent event ids kept per store for the redelivery guard
 
 
 class MemoryStore:
@@ -42,7 +45,7 @@ class MemoryStore:
     `procedures`, `has_event`, `latest_event_time`)."""
 
     def __init__(self, name: str = "lexical", generation: int = 1,
-                 index: IndexTuning | None = None) -> None:
+                 index: IndexTuning | None = None, applied_window: int = APPLIED_WINDOW) -> None:
         self.index_tuning = index if index is not None else packaged_index_tuning()
         t = self.index_tuning
         self.records: dict[str, MemoryRecord] = {}
@@ -50,7 +53,11 @@ class MemoryStore:
         self._last_segment: dict[str, str] = {}  # session id -> its latest segment's memory id
         self._context_of: dict[str, str] = {}  # memory id -> the segment indexed as its context
         self._next_of: dict[str, str] = {}  # memory id -> the segment it is context for
-        self._applied: set[str] = set()
+        # redelivered events are dropped by id: recent ones (a window, so the guard does not
+        # grow with history), and every inference (consolidation's) event, which are few and
+        # which consolidation checks to propose nothing twice
+        self._recent = RecentIds(applied_window)
+        self._inferred: set[str] = set()
         self.name = name
         self.generation = generation
         self.applied_count = 0
@@ -85,9 +92,13 @@ class MemoryStore:
 
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one memory-log event; returns False for an event already applied."""
-        if ev["eventId"] in self._applied:
+        eid = ev["eventId"]
+        if self.has_event(eid):
             return False
-        self._applied.add(ev["eventId"])
+        if ev.get("source") == "inference":
+            self._inferred.add(eid)
+        else:
+            self._recent.add(eid)
         self.applied_count += 1
         self.latest_event_time = max(self.latest_event_time, int(ev["eventTime"]))
         op, mid = ev["op"], ev["memoryId"]
@@ -346,7 +357,7 @@ class MemoryStore:
         return record_recallable(self.records.get(mid), self.procedures.get(mid))
 
     def has_event(self, event_id: str) -> bool:
-        return event_id in self._applied
+        return event_id in self._recent or event_id in self._inferred
 
     def records_of(self, kind: str) -> list[MemoryRecord]:
         """Every record of a kind (revoked ones too), in memory-id order."""

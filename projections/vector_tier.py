@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mnemoflow.agents.candidate import Candidate, scope_chain
+from mnemoflow.agents.ids import digest_of
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder
 from mnemoflow.projections.memory_store import MemoryStore
@@ -111,6 +112,12 @@ class VectorSink:
     context_weight: float = field(default_factory=_default_context_weight)
     embed_max_chars: int = field(default_factory=_default_embed_max_chars)
     store: MemoryStore | None = None
+    # memory id -> (input digest, vector) computed before, by this partition's earlier owner
+    # (the memory-vectors topic): used instead of embedding when the inputs are the same
+    known: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # told of what was embedded here: (rows, input digests, vectors), to publish them
+    on_embedded: Callable[[list[dict[str, Any]], list[str], Any], None] | None = None
+    embedded: int = 0  # rows embedded here (not taken from `known`)
     pending: list[dict[str, Any]] = field(default_factory=list)
     revoked: list[str] = field(default_factory=list)
     written: int = 0
@@ -125,6 +132,12 @@ class VectorSink:
     def __post_init__(self) -> None:
         if self.store is None:
             self.store, self._own_store = MemoryStore(), True
+
+    def caught_up(self) -> None:
+        """The store's revocations and re-links so far are already in the index."""
+        assert self.store is not None
+        self._seen_revocations = len(self.store.revocations)
+        self._seen_relinks = len(self.store.relinked)
 
     def _follow_store(self) -> None:
         st = self.store
@@ -168,16 +181,39 @@ class VectorSink:
         prev = self.store.context_of(row["memory_id"])
         return prev.text if prev is not None and prev.text else None
 
+    def input_digest(self, text: str, context: str | None) -> str:
+        """What a vector was computed from: a known vector is reused only for the same."""
+        return digest_of(head(text, self.embed_max_chars),
+                         head(context, self.embed_max_chars) if context else "",
+                         self.context_weight)[:32]
+
     async def _write(self, rows: list[dict[str, Any]]) -> None:
         # the contexts are read once, before the await: the fold goes on meanwhile
         ctx = [self._context_text(r) for r in rows]
-        texts = [head(r["text"], self.embed_max_chars) for r in rows]
+        digests = [self.input_digest(r["text"], c) for r, c in zip(rows, ctx, strict=True)]
+        reuse: dict[int, Any] = {}
+        for i, (r, d) in enumerate(zip(rows, digests, strict=True)):
+            hit = self.known.pop(r["memory_id"], None)
+            if hit is not None and hit[0] == d:
+                reuse[i] = hit[1]
+        todo = [i for i in range(len(rows)) if i not in reuse]
+        vecs: list[Any] = [reuse.get(i) for i in range(len(rows))]
+        if todo:
+            fresh = await self._embed([rows[i]["text"] for i in todo], [ctx[i] for i in todo])
+            for i, v in zip(todo, fresh, strict=True):
+                vecs[i] = v
+            self.embedded += len(todo)
+            if self.on_embedded is not None:
+                self.on_embedded([rows[i] for i in todo], [digests[i] for i in todo], fresh)
+        await self.index.add(rows, np.stack(vecs).astype(np.float32, copy=False))
+
+    async def _embed(self, texts: list[str], ctx: list[str | None]) -> np.ndarray:
+        heads = [head(t, self.embed_max_chars) for t in texts]
         extra = [head(c, self.embed_max_chars) for c in ctx if c]
-        vecs = np.asarray(await self.embedder.embed(texts + extra, self.timeout_s))
-        ctx_vecs = iter(vecs[len(rows):])
-        out = np.stack([blend(v, next(ctx_vecs) if c else None, self.context_weight)
-                        for v, c in zip(vecs[: len(rows)], ctx, strict=True)])
-        await self.index.add(rows, out)
+        vecs = np.asarray(await self.embedder.embed(heads + extra, self.timeout_s))
+        ctx_vecs = iter(vecs[len(texts):])
+        return np.stack([blend(v, next(ctx_vecs) if c else None, self.context_weight)
+                         for v, c in zip(vecs[: len(texts)], ctx, strict=True)])
 
     def _rewrite_rows(self, ids: set[str]) -> list[dict[str, Any]]:
         assert self.store is not None

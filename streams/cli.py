@@ -145,14 +145,18 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     would build them. `--from markdown` first appends to the memory-log what the MEMORY.md
     files hold and the log does not (after the log was lost): the worker recalls from the
     store it folds from the log, so memories only in an index would never come back."""
+    from mnemoflow.agents.partitioning import partition_of
     from mnemoflow.agents.tuning import load_tuning
+    from mnemoflow.projections import snapshot
+    from mnemoflow.projections.partitioned import partition_dir
     from mnemoflow.projections.rebuild import MarkdownIncomplete, default_embedder, rebuild
     from mnemoflow.streams.admin import TopicMismatch, create_topics
     from mnemoflow.streams.kafka_local import resolve_bootstrap
     from mnemoflow.streams.lifecycle import read_health
     from mnemoflow.streams.restore import read_memory_log, restore_from_markdown
+    from mnemoflow.streams.worker import memory_dir
 
-    index_path = settings.home / "lancedb" / settings.app_id
+    index_path = memory_dir(settings)
     md_root = settings.home / "markdown" / settings.app_id
     live = [h["pid"] for h in read_health(settings.home, settings.app_id)]
     if live:  # the worker owns the index while it runs, and would not see it replaced
@@ -176,9 +180,18 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"note: no MEMORY.md records under {md_root}; MNEMOFLOW_HOME and "
                       f"MNEMOFLOW_APP_ID say where they are")
         events = await read_memory_log(settings, bootstrap)
-        store, index = await rebuild(events, index_path, default_embedder(), md_root,
-                                     load_tuning(settings.weights_file).index)
-        return len(events), len(store), len(index)
+        by_part: dict[int, list[dict]] = {p: [] for p in range(settings.partitions)}
+        for ev in events:  # each partition's index, as the worker folds it
+            by_part[partition_of(ev["owner"], settings.partitions)].append(ev)
+        memories = vectors = 0
+        embedder = default_embedder()
+        for p, evs in by_part.items():
+            store, index = await rebuild(evs, index_path / partition_dir(p) / "vectors",
+                                         embedder, md_root,
+                                         load_tuning(settings.weights_file).index)
+            memories, vectors = memories + len(store), vectors + len(index)
+        snapshot.drop_all(index_path)  # the worker folds the log again over the new indexes
+        return len(events), memories, vectors
 
     try:
         n, memories, vectors = asyncio.run(run())

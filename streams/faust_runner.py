@@ -21,7 +21,6 @@ import faust
 from aiokafka.errors import MessageSizeTooLargeError
 from faust.exceptions import ProducerSendError
 
-from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.inbox import op_record
 from mnemoflow.agents.respond import Projection
 from mnemoflow.agents.topology import (
@@ -35,13 +34,13 @@ from mnemoflow.agents.topology import (
     Topology,
 )
 from mnemoflow.agents.topology import run_step as run_stage_step
-from mnemoflow.projections.memory import Memory
+from mnemoflow.projections.partitioned import PartitionedMemory
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
 from mnemoflow.streams.lifecycle import CrashLimit
-from mnemoflow.streams.projector import MemoryLogProjector
+from mnemoflow.streams.projector import MemoryProjector
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
@@ -64,8 +63,8 @@ class FaustRunner:
     settings: Settings
     app: faust.App
     registry: SchemaRegistry
-    memory: Memory
-    projector: MemoryLogProjector
+    memory: PartitionedMemory
+    projector: MemoryProjector
     ports: Ports
     topology: Topology = TOPOLOGY
     counters: dict[str, int] = field(default_factory=dict)
@@ -88,10 +87,16 @@ class FaustRunner:
         for periodic in self.topology.periodic:
             self._timer(periodic)
 
+        requests = self.topics["recall-requests"].get_topic_name()
+
+        @app.on_partitions_assigned.connect
+        async def follow_assignment(app: faust.App, assigned: set[Any], **kw: Any) -> None:
+            """The memory-log partitions held are the recall-requests partitions assigned."""
+            self.projector.assign({tp.partition for tp in assigned if tp.topic == requests})
+
         @app.task
         async def project_memory_log() -> None:
             await self.memory.start()
-            self.projector.sinks = list(self.memory.sinks)
             if self.memory.embedder is not None:
                 await self.memory.embedder.warm_up()
             await self.projector.run()
@@ -112,11 +117,11 @@ class FaustRunner:
             stored = table.get(skey)  # a table error is not the record's fault
             projection = None
             if stage.barrier:
-                version = self.memory.store.version
-                caught_up = await self.projector.barrier(
+                version = self.memory.version
+                caught_up, lag = await self.projector.barrier(
                     s.barrier_timeout_s, projected=s.recall_barrier == "projected",
-                    owners=scope_chain(value))
-                projection = Projection(version, caught_up)
+                    request=value)
+                projection = Projection(version, caught_up, lag or "lagging")
             record = Record(base_of[m.topic], value, int((m.timestamp or 0) * 1000), projection)
             try:
                 state = stage.load(self.ports, stored)
@@ -150,7 +155,7 @@ class FaustRunner:
             """The wall clock only schedules it; what it writes depends on the memory-log."""
             if time.monotonic() - self.last_input < s.consolidate_idle_s:
                 return  # not idle: the stream comes first
-            if not await self.projector.barrier(timeout=2.0):
+            if not (await self.projector.barrier(timeout=2.0))[0]:
                 return
             for out in periodic.run(self.ports):
                 if isinstance(out, Emit):
@@ -158,7 +163,8 @@ class FaustRunner:
                     await self._send(out)
 
         tick.__name__ = tick.__qualname__ = periodic.name
-        self.app.timer(interval=s.consolidate_interval_s, on_leader=True)(tick)
+        # on every worker: each consolidates the partitions it holds
+        self.app.timer(interval=s.consolidate_interval_s)(tick)
 
     # ------------------------------------------------------------------------------ I/O
 

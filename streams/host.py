@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mnemoflow.agents import memory_events as M
+from mnemoflow.agents.partitioning import memory_topic
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 
@@ -149,7 +150,8 @@ class HostClient:
     def topics(self) -> list[str]:
         """What this client writes: the three input topics and the memory-log."""
         return [spec.name(self.settings)
-                for spec in (T.SESSION_EVENTS, T.TOOL_RESULTS, T.AGENT_STEPS, T.MEMORY_LOG)]
+                for spec in (T.SESSION_EVENTS, T.TOOL_RESULTS, T.AGENT_STEPS, T.MEMORY_LOG,
+                             T.MEMORY_SHARED)]
 
     async def start(self) -> None:
         """TopicsMissing (one line, with the fix) if a topic it writes does not exist."""
@@ -180,8 +182,9 @@ class HostClient:
     # ------------------------------------------------ direct long-term memory writes (M-03..05)
 
     async def _memory(self, ev: dict[str, Any]) -> dict[str, Any]:
-        await self.producer.send(T.MEMORY_LOG.name(self.settings), "io.mnemoflow.MemoryEvent",
-                                 ev["owner"], ev)
+        """To the memory-log (a user's scopes) or memory-shared, keyed by the scope owner."""
+        await self.producer.send(self.settings.topic(memory_topic(ev)),
+                                 "io.mnemoflow.MemoryEvent", ev["owner"], ev)
         return ev
 
     async def remember(self, owner: str, text: str, event_time: int, *, scope: str = "User",

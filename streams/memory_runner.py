@@ -2,9 +2,10 @@
 
 Each record sent is carried through every stage before `send` returns: its outputs are
 appended to in-memory topic logs and handed to their consumers in the order they were
-written (first in, first out). Memory-log events are folded into the memory as they are
-written, so a recall always sees everything written before it: the "projected" barrier holds
-by construction. The offline evaluation, calibration and the contract suite run on it; it
+written (first in, first out). Memory events are folded into the memory as they are written,
+into the partition Kafka's partitioner would give them (the runner holds every partition), so
+a recall always sees everything written before it: the "projected" barrier holds by
+construction. The offline evaluation, calibration and the contract suite run on it; it
 imports no Kafka client.
 """
 
@@ -20,7 +21,7 @@ from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.inbox import claim_op, claim_pages, expire_op, fold, split_expired
 from mnemoflow.agents.respond import Projection
 from mnemoflow.agents.topology import TOPOLOGY, Emit, Ports, Record, Reject, Topology, run_step
-from mnemoflow.projections.memory import Memory
+from mnemoflow.projections.partitioned import PartitionedMemory
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.deadletter import dead_letter
@@ -36,7 +37,7 @@ def wall_ms() -> int:
 class InMemoryRunner:
     """The pipeline over in-memory logs and tables; `logs[topic]` holds (key, value) pairs."""
 
-    memory: Memory
+    memory: PartitionedMemory
     ports: Ports
     topology: Topology = TOPOLOGY
     registry: SchemaRegistry | None = None  # only for `send_bytes`
@@ -44,13 +45,13 @@ class InMemoryRunner:
     logs: dict[str, list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     _queue: deque[tuple[str, str, dict[str, Any]]] = field(default_factory=deque)
+    _holding: bool = False
 
     @classmethod
-    def over(cls, memory: Memory, ports: Ports, **kw: Any) -> InMemoryRunner:
+    def over(cls, memory: PartitionedMemory, ports: Ports, **kw: Any) -> InMemoryRunner:
         """A runner whose ports read this memory (index version, tiers, consolidation)."""
-        ports = replace(ports, tiers=memory.tiers,
-                        index_version=lambda: memory.store.version, memory=memory.store,
-                        link_proposals=memory.link_proposals)
+        ports = replace(ports, tiers=memory.tiers, index_version=lambda: memory.version,
+                        stores=memory.stores, link_proposals=memory.link_proposals)
         return cls(memory, ports, **kw)
 
     def records(self, topic: str) -> list[dict[str, Any]]:
@@ -58,6 +59,7 @@ class InMemoryRunner:
 
     async def send(self, topic: str, value: dict[str, Any], key: str | None = None) -> None:
         """Append one input record and carry it, and all that follows from it, through."""
+        await self._hold()
         self._append(topic, key if key is not None else value.get("sessionId", ""), value)
         await self._drain()
 
@@ -75,6 +77,7 @@ class InMemoryRunner:
 
     async def idle(self) -> None:
         """What the worker does when idle: the periodic steps (consolidation)."""
+        await self._hold()
         for periodic in self.topology.periodic:
             await self.memory.flush()
             for out in periodic.run(self.ports):
@@ -98,7 +101,7 @@ class InMemoryRunner:
 
     def _append(self, topic: str, key: str, value: dict[str, Any]) -> None:
         self.logs.setdefault(topic, []).append((key, value))
-        if topic == "memory-log":
+        if topic in ("memory-log", "memory-shared"):
             self.memory.apply(value)
         if self.topology.consumers(topic):
             self._queue.append((topic, key, value))
@@ -109,8 +112,13 @@ class InMemoryRunner:
         rec = dead_letter(reason, detail, topic, 0, offset, key, raw, stage)
         self.logs.setdefault("dead-letter", []).append((str(rec["key"]), rec))
 
+    async def _hold(self) -> None:
+        if not self._holding:
+            await self.memory.hold_all()
+            self._holding = True
+
     async def _drain(self) -> None:
-        await self.memory.start()
+        await self._hold()
         while self._queue:
             topic, key, value = self._queue.popleft()
             ingest = self.ingest_clock()
@@ -125,7 +133,7 @@ class InMemoryRunner:
         projection = None
         if stage.barrier:
             await self.memory.flush()
-            projection = Projection(self.memory.store.version, True)
+            projection = Projection(self.memory.version, True)
         state = stage.load(self.ports, stored)
         new, outs = await run_step(stage, self.ports, state,
                                    Record(topic, value, ingest, projection))

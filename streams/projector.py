@@ -1,12 +1,20 @@
-"""Keeps a MemoryStore in step with the memory-log topic (all partitions, from the start).
+"""Keeps the worker's partitioned memory (`projections.partitioned`) in step with the log.
 
-The store is a projection: every worker folds the whole log, so recall sees a user's
-memories whatever partition their sessions hashed to. `barrier()` lets recall wait until
-everything already in the log is applied to the store (lexical recall), or, with
-`projected=True`, also flushed through every sink (the vector index above all), or only
-through the rows of given owners: the first keeps recall from ever waiting behind embedding,
-the others make a bulk replay's vector hits independent of how far embedding had got, so the
-same input gives the same packets.
+The worker holds the memory-log partitions whose recall-requests partitions faust assigned it
+(the same numbers: both topics are keyed by the user), and all of memory-shared. On an
+assignment it restores each new partition: its local checkpoint, if there is one, then the
+partition's vectors from memory-vectors (so nothing is embedded again), then the memory-log
+after the checkpoint. A partition that moved away is dropped. Recall on a partition waits,
+within a bound, until that partition is restored (`barrier`), and says why when it was not.
+
+Exactly one worker embeds a memory: the one assigned its partition, because only it folds
+that partition (a consumer group assigns a partition to one member at a time). It writes the
+vector to memory-vectors under the memory id, in the same partition number; if two ever do
+(a crash between embedding and writing), they write the same key and compaction keeps one.
+
+`barrier()` lets recall wait until everything already in the log is applied to the store
+(lexical recall), or, with `projected=True`, also flushed through the sinks for the request's
+owners (the vector index above all), so the same input gives the same packets.
 """
 
 from __future__ import annotations
@@ -14,23 +22,28 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import shutil
+import time
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.agents.candidate import scope_chain
+from mnemoflow.projections import snapshot
+from mnemoflow.projections.memory import Memory
+from mnemoflow.projections.partitioned import PartitionedMemory, partition_dir
+from mnemoflow.projections.snapshot import Checkpoint, FolderLock
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams.reader import topic_partitions
 
-
-class Sink(Protocol):
-    """A projection fed event by event, and flushed in the background between batches."""
-
-    def on_event(self, ev: dict[str, Any]) -> None: ...
-
-    def flush(self) -> Any: ...
+OWNER_POLL_S = 0.01  # a per-owner barrier re-checks this often (flushes write in batches)
+CHECKPOINT_EVERY = 20_000  # records folded into a partition between two checkpoints
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -40,75 +53,111 @@ class OwnerTracking(Protocol):
     def unprojected(self, owners: Collection[tuple[str, str]]) -> bool: ...
 
 
-OWNER_POLL_S = 0.01  # a per-owner barrier re-checks this often (flushes write in batches)
-log = logging.getLogger(__name__)
-
-
-class MemoryLogProjector:
-    def __init__(self, bootstrap: str, topic: str, store: MemoryStore, registry: SchemaRegistry,
-                 client_kwargs: dict[str, object], group: str | None = None,
-                 sinks: list[Sink] | None = None) -> None:
-        self.bootstrap, self.topic, self.store, self.registry = bootstrap, topic, store, registry
-        self.client_kwargs = client_kwargs
+class MemoryProjector:
+    def __init__(self, bootstrap: str, topics: dict[str, str], memory: PartitionedMemory,
+                 registry: SchemaRegistry, client_kwargs: dict[str, object], *,
+                 folder: Path | None = None, build: str = "", group: str | None = None,
+                 vector_meta: Any = None, checkpoint_every: int = CHECKPOINT_EVERY) -> None:
+        """`topics`: the memory-log, memory-shared and memory-vectors topic names by base
+        name; `folder`: where partition checkpoints go (None: none are kept);
+        `vector_meta`: the vector index's meta (model, dim, version), None without vectors;
+        `group`: the consumer group the offsets every sink covers are committed to (what
+        `mnemoflow eval` waits for; each worker commits the partitions it holds)."""
+        self.bootstrap, self.topics, self.memory = bootstrap, topics, memory
+        self.registry, self.client_kwargs = registry, client_kwargs
+        self.folder, self.build, self.vector_meta = folder, build, vector_meta
+        self.checkpoint_every = checkpoint_every
         self.group = group
-        self.sinks = list(sinks or [])
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
-        self.projected: dict[TopicPartition, int] = {}  # next offset not yet in every sink
+        self.projected: dict[TopicPartition, int] = {}  # next offset in every sink
+        self.restoring: dict[int, int] = {}  # partition -> the log end it must reach
+        self.since_checkpoint: dict[int, int] = {}
         self.skipped = 0
+        self.restored_vectors = 0
+        self._wanted: set[int] | None = None  # the assignment to take, set by `assign`
+        self._dirs: dict[int, Path] = {}  # partition -> its folder, while held
+        self._locks: dict[int, FolderLock] = {}
         self._consumer: AIOKafkaConsumer | None = None
         # a second client only for end offsets: a broker answers one connection's requests in
         # order, so asking on the fetching connection would queue behind a long-poll fetch
         self._offsets: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._outbox: list[tuple[int, bytes, bytes]] = []  # memory-vectors records to send
         self._ready = asyncio.Event()
         self._progress = asyncio.Condition()
 
+    # --------------------------------------------------------------------------- control
+
+    def assign(self, partitions: Collection[int]) -> None:
+        """Hold these memory-log partitions from now on (the run loop takes them over)."""
+        self._wanted = set(partitions)
+
+    def held(self) -> set[int]:
+        return set(self.memory.parts)
+
+    def ready(self, partition: int) -> bool:
+        return partition in self.memory.parts and partition not in self.restoring
+
+    # ------------------------------------------------------------------------------ run
+
+    def _tp(self, base: str, partition: int) -> TopicPartition:
+        return TopicPartition(self.topics[base], partition)
+
     async def run(self) -> None:
+        kw = self.client_kwargs
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group,
                                     enable_auto_commit=False, auto_offset_reset="earliest",
-                                    fetch_max_wait_ms=20, **self.client_kwargs)
+                                    fetch_max_wait_ms=20, **kw)
         await consumer.start()
         self._consumer = consumer
         self._offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
-                                         enable_auto_commit=False, **self.client_kwargs)
+                                         enable_auto_commit=False, **kw)
         await self._offsets.start()
-        self._offsets._client.add_topic(self.topic)  # so its metadata knows the partitions' leaders
+        for t in self.topics.values():  # so its metadata knows the partitions' leaders
+            self._offsets._client.add_topic(t)
         await self._offsets._client.force_metadata_update()
+        if self.vector_meta is not None:
+            self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
+                                              enable_idempotence=True, linger_ms=20, **kw)
+            await self._producer.start()
         flushing: asyncio.Task[dict[TopicPartition, int] | None] | None = None
         try:
-            tps = await topic_partitions(consumer, self.topic, attempts=600)
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            for tp in tps:
+            shared = await topic_partitions(consumer, self.topics["memory-shared"], attempts=600)
+            await topic_partitions(consumer, self.topics["memory-log"], attempts=600)
+            for tp in shared:
                 self.applied[tp] = self.projected[tp] = 0
+            await self._take(set(self._wanted or ()), consumer)
             self._ready.set()
             unflushed = 0
             while True:
+                if self._wanted is not None and self._wanted != self.held():
+                    if flushing is not None:  # a partition's sinks must be settled to move
+                        await asyncio.wait([flushing])
+                    await self._take(set(self._wanted), consumer)
                 batch = await consumer.getmany(timeout_ms=200, max_records=2000)
                 for tp, msgs in batch.items():
+                    mem = self.memory.memory_for(self._base(tp), tp.partition)
+                    if mem is None or tp not in self.applied:
+                        continue  # a partition just given up
                     for m in msgs:
-                        try:
-                            _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
-                            if self.store.apply(ev):  # False: a redelivered record
-                                for sink in self.sinks:
-                                    sink.on_event(ev)
-                        except DecodeError as exc:
-                            self.skipped += 1  # the observer dead-letters at the source
-                            log.warning("memory-log %s@%s skipped: %s", tp, m.offset, exc)
-                        self.applied[tp] = m.offset + 1
+                        self._fold(mem, tp, m)
+                    self.applied[tp] = msgs[-1].offset + 1
+                    self.since_checkpoint[tp.partition] = (
+                        self.since_checkpoint.get(tp.partition, 0) + len(msgs))
+                self._restored()
                 async with self._progress:
                     self._progress.notify_all()
                 unflushed += sum(len(m) for m in batch.values())
-                if not self.sinks:
-                    self.projected.update(self.applied)
                 if flushing is not None and flushing.done():
                     covered, flushing = flushing.result(), None
+                    await self._send_vectors()
                     if covered is None:
-                        unflushed = max(unflushed, 1)  # a sink failed: not committed, retry
-                    elif self.group:  # committed = fully projected (lexical and vector)
-                        await consumer.commit(covered)
+                        unflushed = max(unflushed, 1)  # a sink failed: retry
+                    else:
+                        await self._checkpoint(covered)
+                        await self._commit(consumer, covered)
                 # flush in the background whenever the previous flush is done: recall's barrier
-                # never waits behind embedding, and a busy stream batches by itself (whatever
-                # arrived during one flush is the next one's batch)
+                # never waits behind embedding, and a busy stream batches by itself
                 if unflushed and flushing is None:
                     unflushed = 0
                     flushing = asyncio.create_task(self._flush_sinks(dict(self.applied)))
@@ -117,6 +166,195 @@ class MemoryLogProjector:
                 flushing.cancel()
             await consumer.stop()
             await self._offsets.stop()
+            if self._producer is not None:
+                await self._producer.stop()
+
+    def _base(self, tp: TopicPartition) -> str:
+        return "memory-shared" if tp.topic == self.topics["memory-shared"] else "memory-log"
+
+    def _fold(self, mem: Memory, tp: TopicPartition, m: Any) -> None:
+        try:
+            _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
+            mem.apply(ev)
+        except DecodeError as exc:
+            self.skipped += 1  # the observer dead-letters at the source
+            log.warning("%s@%s skipped: %s", tp, m.offset, exc)
+
+    def _restored(self) -> None:
+        for p, end in list(self.restoring.items()):
+            if self.applied.get(self._tp("memory-log", p), 0) >= end:
+                del self.restoring[p]
+                log.info("memory-log partition %d restored", p)
+
+    # ------------------------------------------------------------------- (re)assignment
+
+    async def _take(self, wanted: set[int], consumer: AIOKafkaConsumer) -> None:
+        """Give up the partitions not wanted and restore the new ones."""
+        for p in sorted(self.held() - wanted):
+            self.memory.drop(p)
+            self._release(p)
+            tp = self._tp("memory-log", p)
+            self.applied.pop(tp, None)
+            self.projected.pop(tp, None)
+            self.restoring.pop(p, None)
+            log.info("memory-log partition %d given up", p)
+        new = sorted(wanted - self.held())
+        starts: dict[TopicPartition, int] = {}
+        for p in new:
+            folder = self._claim(p)
+            cp = snapshot.load(folder, self.build) if folder and p in self._locks else None
+            tp = self._tp("memory-log", p)
+            end = (await self._end_offsets([tp]))[tp]
+            if cp is not None and cp.offsets.get(tp.topic, 0) > end:
+                log.warning("checkpoint of partition %d is past the log's end (%d > %d): the "
+                            "topic was recreated; folding from the start", p, cp.offsets[tp.topic],
+                            end)
+                cp = None
+            mem = self.memory.make(p, folder, (cp.store, cp.graph) if cp else None)
+            mem.known_vectors.update(await self._read_vectors(p))
+            mem.on_embedded = self._publisher(p)
+            await self.memory.assign(p, mem)
+            starts[tp] = cp.offsets.get(tp.topic, 0) if cp else 0
+            self.applied[tp] = self.projected[tp] = starts[tp]
+            self.since_checkpoint[p] = 0
+            if end > starts[tp]:
+                self.restoring[p] = end
+            log.info("memory-log partition %d taken: checkpoint at %s, log end %d, %d vectors "
+                     "known", p, starts[tp] if cp else "none", end, len(mem.known_vectors))
+        consumer.assign(list(self.applied))
+        for tp, pos in self.applied.items():
+            consumer.seek(tp, pos)
+        async with self._progress:
+            self._progress.notify_all()
+
+    def _claim(self, partition: int) -> Path | None:
+        """The partition's folder: its own, locked; or, while another worker on this machine
+        still holds that one, a private one that this worker fills from memory-vectors and
+        removes when it gives the partition up (no checkpoint is kept there)."""
+        if self.folder is None:
+            return None
+        own = self.folder / partition_dir(partition)
+        lock = FolderLock(own)
+        if lock.acquire():
+            self._locks[partition] = lock
+            self._dirs[partition] = own
+        else:
+            self._dirs[partition] = own.with_name(f"{own.name}.{os.getpid()}")
+            shutil.rmtree(self._dirs[partition], ignore_errors=True)
+        return self._dirs[partition]
+
+    def _release(self, partition: int) -> None:
+        folder = self._dirs.pop(partition, None)
+        lock = self._locks.pop(partition, None)
+        if lock is not None:
+            lock.release()
+        elif folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    async def _end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        assert self._offsets is not None
+        return await self._offsets.end_offsets(tps)
+
+    # --------------------------------------------------------------------------- vectors
+
+    async def _read_vectors(self, partition: int) -> dict[str, tuple[str, np.ndarray]]:
+        """The partition's vectors of this model and version, by memory id."""
+        meta = self.vector_meta
+        if meta is None:
+            return {}
+        tp = self._tp("memory-vectors", partition)
+        end = (await self._end_offsets([tp]))[tp]
+        out: dict[str, tuple[str, np.ndarray]] = {}
+        if end == 0:
+            return out
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                  enable_auto_commit=False, **self.client_kwargs)
+        await reader.start()
+        try:
+            reader.assign([tp])
+            await reader.seek_to_beginning(tp)
+            while await reader.position(tp) < end:
+                for msgs in (await reader.getmany(tp, timeout_ms=500)).values():
+                    for m in msgs:
+                        key = m.key.decode() if m.key else ""
+                        if m.value is None:
+                            out.pop(key, None)
+                            continue
+                        try:
+                            _, v = self.registry.decode(m.value, "io.mnemoflow.MemoryVector")
+                        except DecodeError:
+                            continue
+                        if (v["model"], v["version"], v["dim"]) == (meta.model, meta.version,
+                                                                    meta.dim):
+                            out[v["memoryId"]] = (v["inputDigest"],
+                                                  np.frombuffer(v["vector"], dtype="<f4"))
+        finally:
+            await reader.stop()
+        self.restored_vectors += len(out)
+        return out
+
+    def _publisher(self, partition: int) -> Any:
+        meta = self.vector_meta
+
+        def embedded(rows: list[dict[str, Any]], digests: list[str], vectors: Any) -> None:
+            if meta is None or self._producer is None:
+                return
+            for row, digest, vec in zip(rows, digests, vectors, strict=True):
+                value = self.registry.encode("io.mnemoflow.MemoryVector", {
+                    "memoryId": row["memory_id"], "scope": row["scope"], "owner": row["owner"],
+                    "model": meta.model, "version": meta.version, "dim": meta.dim,
+                    "inputDigest": digest,
+                    "vector": np.asarray(vec, dtype="<f4").tobytes()})
+                self._outbox.append((partition, row["memory_id"].encode(), value))
+
+        return embedded
+
+    async def _send_vectors(self) -> None:
+        if self._producer is None or not self._outbox:
+            return
+        out, self._outbox = self._outbox, []
+        topic = self.topics["memory-vectors"]
+        try:
+            futs = [await self._producer.send(topic, value, key=key, partition=p)
+                    for p, key, value in out]
+            await asyncio.gather(*futs)
+        except KafkaError as exc:
+            # derived data: a vector not written is embedded again by a later owner
+            log.warning("memory-vectors not written (%r); the next owner embeds again", exc)
+
+    async def _commit(self, consumer: AIOKafkaConsumer,
+                      covered: dict[TopicPartition, int]) -> None:
+        held = {tp: off for tp, off in covered.items() if tp in self.applied and off > 0}
+        if self.group and held:
+            try:
+                await consumer.commit(held)
+            except KafkaError as exc:  # informational: the next flush commits again
+                log.warning("projector offsets not committed: %r", exc)
+
+    # ----------------------------------------------------------------------- checkpoints
+
+    async def _checkpoint(self, covered: dict[TopicPartition, int]) -> None:
+        """Checkpoint the partitions folded far enough since the last one, whose sinks hold
+        everything folded (nothing was applied during the flush that covered them)."""
+        if self.folder is None:
+            return
+        for p, mem in list(self.memory.parts.items()):
+            tp = self._tp("memory-log", p)
+            if (p not in self._locks or self.since_checkpoint.get(p, 0) < self.checkpoint_every
+                    or p in self.restoring or covered.get(tp) != self.applied.get(tp)):
+                continue
+            await self.save(p, mem, {tp.topic: self.applied[tp]})
+
+    async def save(self, partition: int, mem: Memory, offsets: dict[str, int]) -> None:
+        t0 = time.monotonic()
+        graph = mem.graph_sink.graph if mem.graph_sink is not None else None
+        data = snapshot.dumps(Checkpoint(self.build, offsets, mem.store, graph))
+        await asyncio.to_thread(snapshot.write_bytes, self._dirs[partition], data)
+        self.since_checkpoint[partition] = 0
+        log.info("checkpoint of partition %d at %s (%.2f s)", partition, offsets,
+                 time.monotonic() - t0)
+
+    # ---------------------------------------------------------------------------- flush
 
     async def _flush_sinks(self, applied: dict[TopicPartition, int]
                            ) -> dict[TopicPartition, int] | None:
@@ -126,53 +364,62 @@ class MemoryLogProjector:
         already current, and the next flush retries what was not written.
         """
         ok = True
-        for sink in self.sinks:
-            try:
-                res = sink.flush()
-                if inspect.isawaitable(res):
-                    await res
-            except Exception:
-                log.exception("projection %s failed; retrying with the next batch",
-                              type(sink).__name__)
-                ok = False
+        for mem in self.memory.memories():
+            for sink in mem.sinks:
+                try:
+                    res = sink.flush()
+                    if inspect.isawaitable(res):
+                        await res
+                except Exception:
+                    log.exception("projection %s failed; retrying with the next batch",
+                                  type(sink).__name__)
+                    ok = False
         if not ok:
             return None
-        self.projected.update(applied)
+        for tp, off in applied.items():
+            if tp in self.projected:
+                self.projected[tp] = max(self.projected[tp], off)
         async with self._progress:
             self._progress.notify_all()
         return applied
 
+    # -------------------------------------------------------------------------- barrier
+
     async def barrier(self, timeout: float = 2.0, projected: bool = False,
-                      owners: Collection[tuple[str, str]] | None = None) -> bool:
-        """Wait until every record already in the log is applied (and, if `projected`, in
-        every sink too); False on timeout or error.
-
-        With `owners` (a request's scope chain), `projected` waits only until no sink holds
-        an unwritten row of those (scope, owner) pairs: recall sees the same memories as a
-        full wait would, without waiting for other users' embeddings in a bulk replay.
-        Bounded as a whole (the end-offset request included): recall must never hang on it.
-        """
+                      request: dict[str, Any] | None = None) -> tuple[bool, str]:
+        """Wait until the request's partition is held and restored, and every record already
+        in its memory-log partition and in memory-shared is applied (and, if `projected`, in
+        the sinks, for the request's owners); without a request, every held partition.
+        (True, "") or (False, why): "restoring" (the partition is still being taken over,
+        or is not held here) or "lagging". Bounded as a whole: recall never hangs on it."""
+        part = self.memory.partition_for(request) if request is not None else None
         try:
-            return await asyncio.wait_for(self._barrier(projected, owners), timeout)
+            await asyncio.wait_for(self._barrier(part, projected, request), timeout)
+            return True, ""
         except (TimeoutError, KafkaError):
-            return False
+            held = part is None or self.ready(part)
+            return False, "lagging" if held else "restoring"
 
-    async def _barrier(self, projected: bool,
-                       owners: Collection[tuple[str, str]] | None) -> bool:
+    async def _barrier(self, part: int | None, projected: bool,
+                       request: dict[str, Any] | None) -> None:
         await self._ready.wait()
-        assert self._offsets is not None
-        ends = await self._offsets.end_offsets(list(self.applied))
+        if part is not None:
+            async with self._progress:
+                await self._progress.wait_for(lambda: self.ready(part))
+        tps = [self._tp("memory-shared", 0)]
+        tps += [self._tp("memory-log", part)] if part is not None else \
+            [self._tp("memory-log", p) for p in sorted(self.held())]
+        ends = await self._end_offsets(tps)
+        owners = scope_chain(request) if request is not None else None
         done = self.projected if projected and owners is None else self.applied
 
         def caught_up() -> bool:
-            return all(done.get(tp, 0) >= end for tp, end in ends.items())
+            return all(done.get(tp, end) >= end for tp, end in ends.items())
 
         async with self._progress:
             await self._progress.wait_for(caught_up)
         if projected and owners is not None:
-            # every record up to the end is now in the store and was offered to every sink;
-            # a sink that buffers says whether it still holds one of these owners' rows
-            while any(sink.unprojected(owners) for sink in self.sinks
+            mems = self.memory.serving(request) if request is not None else []
+            while any(sink.unprojected(owners) for m in mems for sink in m.sinks
                       if isinstance(sink, OwnerTracking)):
                 await asyncio.sleep(OWNER_POLL_S)
-        return True

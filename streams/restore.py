@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mnemoflow.agents.partitioning import memory_topic
 from mnemoflow.projections.markdown import events_from_markdown
 from mnemoflow.projections.rebuild import missing_from_log
 from mnemoflow.streams import topics as T
@@ -53,7 +54,8 @@ async def read_memory_log(settings: Settings, bootstrap: str) -> list[dict[str, 
 
 
 async def append_to_log(settings: Settings, bootstrap: str, events: list[dict[str, Any]]) -> int:
-    """Write `events` to the memory-log keyed by scope owner, as the worker does, one at a time
+    """Write `events` to the memory-log (or memory-shared) keyed by scope owner, as the worker
+    does, one at a time
     and acknowledged, so each owner's partition gets them in the order given. All are
     encoded first: a record the schema refuses (a hand-edited MEMORY.md line) stops the
     restore before anything is written, rather than half-way."""
@@ -61,10 +63,10 @@ async def append_to_log(settings: Settings, bootstrap: str, events: list[dict[st
 
     if not events:
         return 0
-    topic = T.MEMORY_LOG.name(settings)
     async with AvroProducer(settings, bootstrap) as producer:
-        encoded = [(ev["owner"].encode(), producer.registry.encode(SCHEMA, ev)) for ev in events]
-        for key, value in encoded:
+        encoded = [(settings.topic(memory_topic(ev)), ev["owner"].encode(),
+                    producer.registry.encode(SCHEMA, ev)) for ev in events]
+        for topic, key, value in encoded:
             await producer.send_raw(topic, key, value)
     return len(events)
 

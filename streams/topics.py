@@ -37,8 +37,9 @@ AGENT_STEPS = TopicSpec("agent-steps", "io.mnemoflow.AgentStep", "sessionId",
                         doc="step boundaries and visible assistant output")
 SEGMENTS = TopicSpec("segments", "io.mnemoflow.Segment", "sessionId",
                      doc="observer output: envelope + sliced text + entities")
-RECALL_REQUESTS = TopicSpec("recall-requests", "io.mnemoflow.RecallRequest", "sessionId",
-                            doc="gate decisions worth a recall (retrieve/prefetch)")
+RECALL_REQUESTS = TopicSpec("recall-requests", "io.mnemoflow.RecallRequest", "userId",
+                            doc="gate decisions worth a recall (retrieve/prefetch), keyed by the "
+                                "user so that recall runs where the user's memory-log partition is")
 INBOX = TopicSpec("inbox", "io.mnemoflow.InboxOp", "sessionId", retention_ms=FOREVER,
                   doc="inject/steer/claim/remove/expire; pending = fold of the log")
 INBOX_CHECKPOINTS = TopicSpec("inbox-checkpoints", "io.mnemoflow.InboxCheckpoint",
@@ -47,17 +48,29 @@ INBOX_CHECKPOINTS = TopicSpec("inbox-checkpoints", "io.mnemoflow.InboxCheckpoint
                               doc="host-written folds of inbox partitions; derived, deletable")
 AUDIT = TopicSpec("audit", "io.mnemoflow.AuditRecord", "sessionId", retention_ms=30 * 24 * 3600 * 1000,
                   doc="every gate and injection decision, digests not raw text")
-MEMORY_LOG = TopicSpec("memory-log", "io.mnemoflow.MemoryEvent", "scope owner",
+MEMORY_LOG = TopicSpec("memory-log", "io.mnemoflow.MemoryEvent", "scope owner (a user id)",
                        retention_ms=FOREVER,
-                       doc="source of truth for long-term memory, keyed by scope owner")
+                       doc="source of truth for users' long-term memory (scopes User, External), "
+                           "keyed by the user: co-partitioned with recall-requests")
+MEMORY_SHARED = TopicSpec("memory-shared", "io.mnemoflow.MemoryEvent", "scope owner",
+                          retention_ms=FOREVER, partitions=1,
+                          doc="source of truth for memories of the other scopes (Session, "
+                              "Workspace, Turn); every worker folds all of it")
+MEMORY_VECTORS = TopicSpec("memory-vectors", "io.mnemoflow.MemoryVector",
+                           "memoryId (record partition = its memory-log partition)",
+                           cleanup="compact", retention_ms=FOREVER,
+                           doc="embeddings, written once by the partition's owner; derived, "
+                               "deletable")
 DEAD_LETTER = TopicSpec("dead-letter", "io.mnemoflow.DeadLetter", "source key (raw)",
                         retention_ms=30 * 24 * 3600 * 1000,
                         doc="undecodable or invalid records, with reason and original bytes")
 
 CATALOGUE: tuple[TopicSpec, ...] = (
     SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS, SEGMENTS, RECALL_REQUESTS,
-    INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, DEAD_LETTER,
+    INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, MEMORY_SHARED, MEMORY_VECTORS, DEAD_LETTER,
 )
+# topics whose partition N holds the same keys: a user's requests, memories and vectors
+CO_PARTITIONED = (RECALL_REQUESTS, MEMORY_LOG, MEMORY_VECTORS)
 INPUT_TOPICS = (SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS)
 # the Avro record of each topic's values, by base name
 VALUE_SCHEMA: dict[str, str] = {spec.base: spec.value_schema for spec in CATALOGUE}

@@ -17,10 +17,13 @@ from typing import Any
 import faust
 
 from mnemoflow.agents.injection_rules import load_rules
+from mnemoflow.agents.partitioning import SHARED
 from mnemoflow.agents.topology import Ports
 from mnemoflow.agents.tuning import Tuning, load_tuning
+from mnemoflow.projections import snapshot
+from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
-from mnemoflow.projections.memory import build_memory
+from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned, partition_dir
 from mnemoflow.projections.vector_index import IndexMeta, IndexMismatch, VectorIndex, open_index
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.schemas.codec import default_registry
@@ -41,7 +44,7 @@ from mnemoflow.streams.lifecycle import (
     stale_partitions,
 )
 from mnemoflow.streams.preflight import InternalTopic, PreflightError, worker_preflight
-from mnemoflow.streams.projector import MemoryLogProjector
+from mnemoflow.streams.projector import MemoryProjector
 
 log = logging.getLogger(__name__)
 PRODUCER_BATCH_BYTES = 512 * 1024
@@ -85,10 +88,20 @@ def faust_app(settings: Settings, bootstrap: str) -> faust.App:
         stream_wait_empty=False, **kw)
 
 
+def memory_dir(settings: Settings) -> Path:
+    """Where the worker keeps each memory-log partition's vector index and checkpoint."""
+    return settings.home / "memory" / settings.app_id
+
+
+def checkpoint_build(memory: PartitionedMemory, tuning: Tuning) -> str:
+    """What a checkpoint must have been made with to be used: the same index build and
+    index tuning (the lexical index's shape)."""
+    return f"{memory.version}|{tuning.index!r}"
+
+
 async def open_or_replace(path: Path, meta: IndexMeta) -> VectorIndex:
-    """The worker's vector index. One built with another model or in an older layout is
-    replaced, never mixed: the projector folds the whole memory-log on every start, so the
-    new index is filled from it."""
+    """A partition's vector index. One built with another model or in an older layout is
+    replaced, never mixed, and filled again from the memory-log (and memory-vectors)."""
     try:
         return await open_index(path, meta)
     except IndexMismatch as exc:
@@ -100,21 +113,29 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     """The worker's runner: its faust app, memory, projector and ports, wired."""
     tuning = tuning or load_tuning(settings.weights_file)
     registry = default_registry()
-    embedder = index = None
+    embedder = meta = index_for = None
+    folder = memory_dir(settings)
     if settings.vector:
         embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
-        index = partial(open_or_replace, settings.home / "lancedb" / settings.app_id,
-                        index_meta(embedder, tuning.index))
-    memory = build_memory(tuning, embedder=embedder, index=index, graph=settings.graph,
-                          vector_timeout_s=settings.vector_timeout_s,
-                          markdown_dir=settings.home / "markdown" / settings.app_id,
-                          fault_tiers=settings.fault_tiers)
-    projector = MemoryLogProjector(bootstrap, T.MEMORY_LOG.name(settings), memory.store,
-                                   registry, settings.client_kwargs(),
-                                   group=f"{settings.app_id}-projector", sinks=memory.sinks)
-    ports = Ports(tuning, settings.max_payload_bytes, _now_ms, memory.tiers,
-                  lambda: memory.store.version, memory.store, memory.link_proposals,
-                  load_rules())
+        meta = index_meta(embedder, tuning.index)
+
+        def index_for(p: int, at: Path | None) -> Any:
+            if p == SHARED:  # held by every worker and folded whole on each start: in memory
+                return ArrayIndex(meta)
+            return partial(open_or_replace, (at or folder / partition_dir(p)) / "vectors", meta)
+    memory = build_partitioned(tuning, settings.partitions, index_for=index_for,
+                               embedder=embedder, graph=settings.graph,
+                               vector_timeout_s=settings.vector_timeout_s,
+                               markdown_dir=settings.home / "markdown" / settings.app_id,
+                               fault_tiers=settings.fault_tiers)
+    topics = {spec.base: spec.name(settings)
+              for spec in (T.MEMORY_LOG, T.MEMORY_SHARED, T.MEMORY_VECTORS)}
+    projector = MemoryProjector(bootstrap, topics, memory, registry, settings.client_kwargs(),
+                                folder=folder, build=checkpoint_build(memory, tuning),
+                                group=f"{settings.app_id}-projector", vector_meta=meta)
+    ports = Ports(tuning, settings.max_payload_bytes, _now_ms, tiers=memory.tiers,
+                  index_version=lambda: memory.version, stores=memory.stores,
+                  link_proposals=memory.link_proposals, rules=load_rules())
     runner = FaustRunner(settings, faust_app(settings, bootstrap), registry, memory, projector,
                          ports, crashes=CrashLimit(settings.agent_max_retries))
     runner.wire()
@@ -210,6 +231,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
                     "same folder: leaving it", stale[0], peers)
     elif stale:
         drop_local_state(tabledir, "; ".join(stale[:4]) + (" ..." if len(stale) > 4 else ""))
+        snapshot.drop_all(memory_dir(settings))
     if view.cluster_id:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(view.cluster_id)

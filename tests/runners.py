@@ -21,7 +21,7 @@ from mnemoflow.agents.topology import TOPOLOGY, Ports
 from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder
-from mnemoflow.projections.memory import build_memory
+from mnemoflow.projections.partitioned import build_partitioned
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams import topics as T
@@ -67,12 +67,16 @@ class MemoryHarness:
     def _runner(self) -> InMemoryRunner:
         s = self.settings
         tuning = load_tuning()
-        emb = index = None
+        emb = index_for = None
         if s.vector:
             emb = AsyncEmbedder(HashEmbedder())
-            index = ArrayIndex(index_meta(emb, tuning.index))
-        memory = build_memory(tuning, embedder=emb, index=index, graph=s.graph,
-                              vector_timeout_s=s.vector_timeout_s, fault_tiers=s.fault_tiers)
+            meta = index_meta(emb, tuning.index)
+
+            def index_for(p: int, folder: Path | None) -> ArrayIndex:
+                return ArrayIndex(meta)
+        memory = build_partitioned(tuning, s.partitions, index_for=index_for, embedder=emb,
+                                   graph=s.graph, vector_timeout_s=s.vector_timeout_s,
+                                   fault_tiers=s.fault_tiers)
         return InMemoryRunner.over(memory, Ports(tuning, s.max_payload_bytes, wall_ms, rules=load_rules()),
                                    registry=default_registry())
 
@@ -100,7 +104,8 @@ class MemoryHarness:
         old = self.runner
         self.runner = self._runner()
         self.runner.logs, self.runner.tables = old.logs, old.tables
-        for ev in old.records("memory-log"):
+        await self.runner.memory.hold_all()
+        for ev in [*old.records("memory-log"), *old.records("memory-shared")]:
             self.runner.memory.apply(ev)
 
 

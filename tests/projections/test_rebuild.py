@@ -119,19 +119,19 @@ def test_only_memories_the_log_never_mentions_are_restored(tmp_path) -> None:
 async def test_the_worker_opens_a_rebuilt_index_made_with_its_weights_file(tmp_path, emb) -> None:
     from mnemoflow.agents.tuning import load_tuning
     from mnemoflow.streams.config import Settings
-    from mnemoflow.streams.worker import build_pipeline
+    from mnemoflow.streams.worker import build_pipeline, memory_dir
 
     weights = tmp_path / "weights.json"  # an index section of its own, as calibration writes
     weights.write_text(json.dumps({"index": {"vector_context_weight": 0.123}}))
     s = Settings(home=tmp_path / "home", app_id="app", store="memory://", bootstrap=None,
                  weights_file=str(weights))
     tuning = load_tuning(s.weights_file).index
-    _, index = await rebuild(_events(), s.home / "lancedb" / s.app_id, emb, tuning=tuning)
+    _, index = await rebuild(_events(), memory_dir(s) / "p0" / "vectors", emb, tuning=tuning)
     rows = len(index)
     runner = build_pipeline(s, "127.0.0.1:9")
-    await runner.memory.start()  # opens it: the same index meta, else IndexMismatch
-    vec = next(t.tier for t in runner.memory.tiers if t.tier.name == "vector")
-    assert len(vec.index) == rows > 0
+    # taking partition 0 opens its index: the same index meta, else IndexMismatch
+    part = await runner.memory.assign(0)
+    assert len(part.index) == rows > 0
 
 
 async def test_the_worker_replaces_an_index_of_an_older_layout(tmp_path, emb) -> None:

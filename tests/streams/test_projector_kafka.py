@@ -1,8 +1,6 @@
-"""The memory-log projector's two barriers, against the real broker.
-
-`barrier()` waits for the store (lexical recall) only, so recall never waits behind embedding;
-`barrier(projected=True)` also waits for every sink's flush, which a replay needs for the same
-packets whatever the embedding speed. A sink whose flush is held shows the difference.
+"""The partitioned memory projector against the real broker: it holds only the partitions it
+is given, recall on a partition being restored is told so, vectors are embedded once and read
+back by the next owner, a checkpoint bounds a restart to the tail, and the two barriers.
 """
 
 from __future__ import annotations
@@ -15,16 +13,23 @@ from typing import Any
 
 import pytest
 
-from mnemoflow.projections.memory_store import MemoryStore
+from mnemoflow.agents.partitioning import partition_of
+from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.projections.array_index import ArrayIndex
+from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned
+from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.producer import AvroProducer
-from mnemoflow.streams.projector import MemoryLogProjector
+from mnemoflow.streams.projector import MemoryProjector
+from mnemoflow.streams.reader import TopicReader
 
-from factories import memory_event
+from factories import HashEmbedder, memory_event
 from support import isolated_settings, prepare_topics
 
 pytestmark = pytest.mark.kafka
+PARTS = 4
 
 
 class HeldSink:
@@ -44,68 +49,170 @@ class HeldSink:
         self.flushed = todo
 
 
+class CountingEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        self.texts = 0
+
+    def embed(self, texts: list[str]) -> Any:
+        self.texts += len(texts)
+        return super().embed(texts)
+
+
+def users_on(partition: int, n: int) -> list[str]:
+    """n user ids that Kafka's partitioner puts on this partition."""
+    out, i = [], 0
+    while len(out) < n:
+        if partition_of(f"u{i}", PARTS) == partition:
+            out.append(f"u{i}")
+        i += 1
+    return out
+
+
+def memory(emb: Any = None, sink: HeldSink | None = None) -> PartitionedMemory:
+    tuning = load_tuning()
+    aemb = AsyncEmbedder(emb) if emb is not None else None
+    meta = index_meta(emb, tuning.index) if emb is not None else None
+    mem = build_partitioned(tuning, PARTS, embedder=aemb, graph=False,
+                            index_for=(lambda p, f: ArrayIndex(meta)) if emb else None)
+    if sink is not None:
+        make = mem.make
+
+        def with_sink(p: int, folder: Path | None, restored: Any) -> Any:
+            m = make(p, folder, restored)
+            m.sinks.append(sink)
+            return m
+
+        mem.make = with_sink
+    return mem
+
+
 @asynccontextmanager
-async def running_projector(bootstrap: str, tmp_path: Path, n: int, owners: int,
-                            sink: HeldSink) -> AsyncIterator[tuple[MemoryLogProjector, Any]]:
-    """A memory-log with n records of `owners` users, and a projector over it running."""
-    s = isolated_settings(tmp_path, "projector")
-    await prepare_topics(s, bootstrap)
-    topic = T.MEMORY_LOG.name(s)
-    send = _sender(s, bootstrap, topic)
-    for i in range(n):
-        await send(f"m{i}", f"u{i % owners}")
-    projector = MemoryLogProjector(bootstrap, topic, MemoryStore(), default_registry(),
-                                   s.client_kwargs(), sinks=[sink])
-    run = asyncio.create_task(projector.run())
+async def projecting(s: Any, bootstrap: str, mem: PartitionedMemory, parts: set[int],
+                     **kw: Any) -> AsyncIterator[MemoryProjector]:
+    topics = {spec.base: spec.name(s) for spec in (T.MEMORY_LOG, T.MEMORY_SHARED, T.MEMORY_VECTORS)}
+    proj = MemoryProjector(bootstrap, topics, mem, default_registry(), s.client_kwargs(), **kw)
+    proj.assign(parts)
+    await mem.start()
+    run = asyncio.create_task(proj.run())
     try:
-        yield projector, send
+        yield proj
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
 
 
-def _sender(s: Any, bootstrap: str, topic: str) -> Any:
-    async def send(mid: str, owner: str) -> None:
-        async with AvroProducer(s, bootstrap) as producer:
-            await producer.send(topic, "io.mnemoflow.MemoryEvent", owner,
-                                memory_event(mid, ["kafka", mid], owner=owner))
-    return send
+async def write(s: Any, bootstrap: str, events: list[dict[str, Any]]) -> None:
+    async with AvroProducer(s, bootstrap) as producer:
+        for ev in events:
+            topic = T.MEMORY_LOG if ev["scope"] == "User" else T.MEMORY_SHARED
+            await producer.send(topic.name(s), "io.mnemoflow.MemoryEvent", ev["owner"], ev)
+
+
+def request(user: str, workspace: str | None = None) -> dict[str, Any]:
+    return {"sessionId": f"s-{user}", "userId": user, "workspaceId": workspace}
+
+
+@pytest.fixture
+async def topics_for(kafka_bootstrap: str, tmp_path: Path) -> Any:
+    s = isolated_settings(tmp_path, "projector", partitions=PARTS)
+    await prepare_topics(s, kafka_bootstrap)
+    return s
+
+
+async def test_a_worker_holds_only_its_partitions_and_says_when_one_is_restoring(
+        topics_for: Any, kafka_bootstrap: str) -> None:
+    s = topics_for
+    mine, theirs = users_on(0, 2), users_on(1, 2)
+    await write(s, kafka_bootstrap, [memory_event(f"m-{u}", ["kafka", u], owner=u)
+                                     for u in mine + theirs])
+    await write(s, kafka_bootstrap, [memory_event("ws-note", ["kafka"], owner="w1",
+                                                  scope="Workspace")])
+    mem = memory()
+    async with projecting(s, kafka_bootstrap, mem, {0}) as proj:
+        assert await proj.barrier(30.0, request=request(mine[0])) == (True, "")
+        assert set(mem.parts) == {0}
+        held = {m for part in mem.memories() for m in part.store.records}
+        assert held == {f"m-{u}" for u in mine} | {"ws-note"}  # never another partition's
+        # a request of a partition not held here is told so, within the bound
+        assert await proj.barrier(0.5, request=request(theirs[0])) == (False, "restoring")
+        proj.assign({1})  # a rebalance: partition 0 moves away, 1 comes
+        assert await proj.barrier(30.0, request=request(theirs[0])) == (True, "")
+        assert set(mem.parts) == {1}
+        held = {m for part in mem.memories() for m in part.store.records}
+        assert held == {f"m-{u}" for u in theirs} | {"ws-note"}
+
+
+async def test_vectors_are_embedded_once_and_read_back_by_the_next_owner(
+        topics_for: Any, kafka_bootstrap: str) -> None:
+    s = topics_for
+    users = users_on(2, 3)
+    await write(s, kafka_bootstrap, [memory_event(f"m{i}-{u}", ["deploy", u, str(i)], owner=u)
+                                     for u in users for i in range(4)])
+    first = CountingEmbedder()
+    meta = index_meta(first, load_tuning().index)
+    async with projecting(s, kafka_bootstrap, memory(first), {2}, vector_meta=meta) as proj:
+        assert await proj.barrier(30.0, projected=True, request=request(users[0]))
+        # the vectors reach memory-vectors after the flush that embedded them
+        for _ in range(300):
+            async with TopicReader(s, kafka_bootstrap, [T.MEMORY_VECTORS.name(s)]) as r:
+                vectors = await r.drain()
+            if len(vectors) == 12:
+                break
+            await asyncio.sleep(0.1)
+    assert first.texts >= 12 and len(vectors) == 12  # (each turn's context is embedded too)
+    assert {v.partition for v in vectors} == {2}  # the memory-log partition's number
+
+    second = CountingEmbedder()
+    mem = memory(second)
+    async with projecting(s, kafka_bootstrap, mem, {2}, vector_meta=meta) as proj:
+        assert await proj.barrier(30.0, projected=True, request=request(users[0]))
+        assert proj.restored_vectors == 12
+        assert second.texts == 0  # taken over without embedding again
+        assert len(mem.parts[2].index) == 12
+
+
+async def test_a_checkpoint_bounds_the_restart_to_the_tail(
+        topics_for: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
+    s = topics_for
+    users = users_on(3, 2)
+    await write(s, kafka_bootstrap, [memory_event(f"a{i}-{u}", ["early", u], owner=u)
+                                     for u in users for i in range(10)])
+    folder = tmp_path / "memory"
+    async with projecting(s, kafka_bootstrap, memory(), {3}, folder=folder, build="b",
+                          checkpoint_every=1) as proj:
+        assert await proj.barrier(30.0, request=request(users[0]))
+        for _ in range(300):
+            if (folder / "p3" / "checkpoint.pickle").exists():
+                break
+            await asyncio.sleep(0.1)
+    assert (folder / "p3" / "checkpoint.pickle").exists()
+    await write(s, kafka_bootstrap, [memory_event(f"b-{u}", ["late", u], owner=u) for u in users])
+
+    mem = memory()
+    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="b") as proj:
+        assert await proj.barrier(30.0, request=request(users[0]))
+        store = mem.parts[3].store
+        assert len(store) == 22  # the checkpoint's 20 and the tail's 2
+        assert store.applied_count == 20 + 2  # counted in the checkpoint, then 2 folded now
+        # of another build, a checkpoint is not used: the whole partition is folded
+    mem = memory()
+    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="other") as proj:
+        assert await proj.barrier(30.0, request=request(users[0]))
+        assert len(mem.parts[3].store) == 22
 
 
 async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_not(
-        kafka_bootstrap, tmp_path):
+        topics_for: Any, kafka_bootstrap: str) -> None:
+    s = topics_for
+    user = users_on(0, 1)[0]
     sink = HeldSink()
-    async with running_projector(kafka_bootstrap, tmp_path, 6, 3, sink) as (projector, send):
-        assert await projector.barrier(timeout=30.0)
-        assert len(projector.store.records) == 6  # applied: lexical recall sees every record
-        # the sink has seen them all but its flush is held: not projected yet
-        assert not await projector.barrier(timeout=1.0, projected=True)
-        assert sink.flushed == []
+    await write(s, kafka_bootstrap, [memory_event(f"m{i}", ["kafka"], owner=user)
+                                     for i in range(6)])
+    async with projecting(s, kafka_bootstrap, memory(sink=sink), {0}) as proj:
+        req = request(user)
+        assert await proj.barrier(30.0, request=req) == (True, "")
+        assert len(sink.seen) == 6  # applied: lexical recall sees every record
+        assert await proj.barrier(1.0, projected=True) == (False, "lagging")
         sink.release.set()
-        assert await projector.barrier(timeout=30.0, projected=True)
-        assert sorted(sink.flushed) == [f"m{i}" for i in range(6)]
-        # a record written after the release: applied at once, projected by the next flush
-        await send("m6", "u0")
-        assert await projector.barrier(timeout=30.0, projected=True)
-        assert "m6" in sink.flushed and "m6" in projector.store.records
-
-
-class HeldOwnerSink(HeldSink):
-    """Also says which owners' rows it still holds: u0's until released."""
-
-    def unprojected(self, owners: Any) -> bool:
-        return not self.release.is_set() and ("User", "u0") in owners
-
-
-async def test_the_per_owner_barrier_waits_only_for_the_requesting_owners_rows(
-        kafka_bootstrap, tmp_path):
-    sink = HeldOwnerSink()
-    async with running_projector(kafka_bootstrap, tmp_path, 4, 2, sink) as (projector, _):
-        u0, u1 = {("User", "u0"), ("Session", "q")}, {("User", "u1"), ("Session", "q")}
-        # u1 has nothing held: answered although the flush (and u0's rows) is still held
-        assert await projector.barrier(timeout=30.0, projected=True, owners=u1)
-        assert len(projector.store.records) == 4
-        assert not await projector.barrier(timeout=1.0, projected=True, owners=u0)
-        assert not await projector.barrier(timeout=1.0, projected=True)  # the whole log
-        sink.release.set()
-        assert await projector.barrier(timeout=30.0, projected=True, owners=u0)
+        assert await proj.barrier(30.0, projected=True) == (True, "")
+        assert len(sink.flushed) == 6

@@ -26,6 +26,7 @@ from mnemoflow.streams.config import Settings
 from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.kafka_local import KafkaSetupError, LocalKafka
 from mnemoflow.streams.restore import read_memory_log, restore_from_markdown
+from mnemoflow.streams.worker import memory_dir
 
 from factories import T0
 from support import WorkerProcess, broker_audits, collect, isolated_settings, prepare_topics, worker_env
@@ -185,7 +186,7 @@ async def test_recall_after_a_lost_memory_log_and_a_lost_index(own_broker) -> No
 
     # the index and MEMORY.md lost, the memory-log kept
     kept = {e["memoryId"]: e for e in events_from_markdown(s.home / "markdown" / s.app_id)}
-    shutil.rmtree(s.home / "lancedb" / s.app_id)
+    shutil.rmtree(memory_dir(s))
     for path in _memory_files(s):
         path.unlink()
     out = _cli(s, "rebuild", "--from", "memory-log")

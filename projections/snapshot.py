@@ -1,0 +1,104 @@
+"""Local checkpoints of a partition's fold: the store and graph with the offsets they cover,
+so that a restart folds only the memory-log written after them.
+
+A checkpoint is taken only when every sink has written everything folded so far, so the
+partition's vector index (kept next to it on disk) holds at least what the checkpoint does;
+rows written after it are found there again and not embedded twice. A checkpoint is derived
+data: a missing, unreadable or foreign one (another format or build, or an offset past the end
+of the log, which means the topic was recreated) is ignored and the partition is folded from
+the start. Written atomically (a temporary file renamed), so a crash leaves the previous one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+FILE = "checkpoint.pickle"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    build: str  # the memory's index version and tuning: a checkpoint of another is not used
+    offsets: dict[str, int]  # topic name -> the next offset to fold (its partition is the dir's)
+    store: Any
+    graph: Any
+
+
+def dumps(checkpoint: Checkpoint) -> bytes:
+    """Serialised on the fold's loop (the fold must not move meanwhile); written off it."""
+    return pickle.dumps((FORMAT, checkpoint), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def write_bytes(folder: Path, data: bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{FILE}.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / FILE)
+
+
+def save(folder: Path, checkpoint: Checkpoint) -> None:
+    write_bytes(folder, dumps(checkpoint))
+
+
+class FolderLock:
+    """An exclusive lock on a partition's folder (its vector index and checkpoint): two
+    workers on one machine never write one index. `acquire` is False if another process
+    holds it; the lock goes with the process, so a killed worker leaves none behind."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def load(folder: Path, build: str) -> Checkpoint | None:
+    path = folder / FILE
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb") as f:
+            fmt, cp = pickle.load(f)
+    except Exception as exc:  # a checkpoint is derived: fold from the start instead
+        log.warning("checkpoint %s unreadable (%r); folding the partition from the start",
+                    path, exc)
+        return None
+    if fmt != FORMAT or not isinstance(cp, Checkpoint) or cp.build != build:
+        log.info("checkpoint %s is of another build; folding the partition from the start", path)
+        return None
+    return cp
+
+
+def drop_all(root: Path) -> int:
+    """Remove every partition's checkpoint under `root` (the broker's data was reset)."""
+    gone = 0
+    for path in root.glob(f"*/{FILE}"):
+        path.unlink(missing_ok=True)
+        gone += 1
+    return gone
