@@ -23,6 +23,6 @@ def test_wheel_ships_the_schemas_and_no_bare_top_level_packages(tmp_path) -> Non
     avsc = {Path(n).name for n in names if n.endswith(".avsc")}
     shipped = {p.name for p in (ROOT / "schemas").rglob("*.avsc")}
     assert avsc == shipped
-    assert len(avsc) == 15
+    assert len(avsc) == 16
     assert "mnemoflow/agents/tuning.json" in names
     assert any(n.endswith("entry_points.txt") for n in names)

@@ -59,8 +59,11 @@ async def test_promotion_needs_evidence_from_independent_sessions(kafka_bootstra
                 for i, (tool, status) in enumerate(DOCS, start=1):
                     await bob.tool_result(f"bob-{turn}-{i}", tool, status, t + 1 + i * 1000,
                                           output="done")
-            late = host.session("later", "carol")  # moves event time past the quiet period
-            await late.user_message("good morning", T0 + 5 * HOUR)
+            # event time is per memory-log partition (stream time): each user's partition is
+            # moved past the quiet period by that user's own later message
+            for user in ("alice", "bob"):
+                late = host.session(f"later-{user}", user)
+                await late.user_message("good morning", T0 + 5 * HOUR)
 
         def settled(r: dict[str, list[dict]]) -> bool:
             a = _procedure_ops(r["memory-log"], "alice")
