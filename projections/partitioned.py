@@ -27,8 +27,8 @@ from mnemoflow.projections.memory import Memory, build_memory
 @dataclass
 class RoutedTier:
     """A tier of the partitioned memory: the same-named tier of the request's partition and of
-    the shared memory, their hits merged by score. With nothing shared it is the partition's
-    tier alone."""
+    the shared memory, their hits together (recall fuses them by score). When one of them
+    finds nothing, the other's hits are returned as that tier gave them."""
 
     name: str
     memory: PartitionedMemory = field(repr=False)
@@ -37,11 +37,11 @@ class RoutedTier:
     async def search(self, request: dict[str, Any], k: int,
                      seeds: Sequence[Candidate]) -> list[Candidate]:
         tiers = [t for m in self.memory.serving(request) if (t := m.tier(self.name)) is not None]
-        found = await asyncio.gather(*(t.search(request, k, seeds) for t in tiers))
-        if len(found) == 1:
-            return found[0]
-        hits = [c for part in found for c in part]
-        return sorted(hits, key=lambda c: (-c.relevance, c.memory_id))[:k]
+        found = [hits for hits in await asyncio.gather(*(t.search(request, k, seeds)
+                                                          for t in tiers)) if hits]
+        if len(found) <= 1:
+            return found[0] if found else []
+        return sorted((c for hits in found for c in hits), key=lambda c: (-c.relevance, c.memory_id))
 
 
 @dataclass
