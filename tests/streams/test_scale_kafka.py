@@ -1,5 +1,5 @@
-"""Scale-out against the real broker: 200 sessions of 50 users, run by one worker and by three
-workers in one group, one of which is SIGKILLed midway. The others take its partitions over
+"""Scale-out against the real broker: 200 sessions of 50 users, run by one worker, by two
+workers in one group, and by three, one of which is SIGKILLed midway. The others take its partitions over
 (the memory-log partitions with them) and finish: every question is answered, with the same
 packets as the single worker gave, and no user's memory reaches another user's packet.
 
@@ -85,14 +85,21 @@ def _packets(recs) -> dict[str, str]:
             for op in recs["inbox"] if op["op"] == "inject"}
 
 
-async def test_three_workers_with_one_killed_give_the_single_workers_packets(
-        kafka_bootstrap, tmp_path) -> None:
-    one = await _run(tmp_path, kafka_bootstrap, "scale-1", 1, kill=False)
-    three = await _run(tmp_path, kafka_bootstrap, "scale-3", 3, kill=True)
-    p1, p3 = _packets(one), _packets(three)
-    assert len(p1) == USERS * ASKS  # every asking session got its packet
-    assert p3 == p1  # none lost, none different, after the takeover
-    for recs in (one, three):
+@pytest.fixture(scope="module")
+async def one_worker(kafka_bootstrap, tmp_path_factory):
+    """The reference: the same traffic through a single worker."""
+    recs = await _run(tmp_path_factory.mktemp("scale-1"), kafka_bootstrap, "scale-1", 1, False)
+    assert len(_packets(recs)) == USERS * ASKS  # every asking session got its packet
+    return recs
+
+
+@pytest.mark.parametrize(("workers", "kill"), [(2, False), (3, True)])
+async def test_more_workers_give_the_single_workers_packets(
+        one_worker, kafka_bootstrap, tmp_path, workers: int, kill: bool) -> None:
+    """Two workers share the partitions; of three, one is SIGKILLed midway."""
+    many = await _run(tmp_path, kafka_bootstrap, f"scale-{workers}", workers, kill)
+    assert _packets(many) == _packets(one_worker)  # none lost, none different
+    for recs in (one_worker, many):
         for op in recs["inbox"]:
             if op["op"] != "inject":
                 continue
