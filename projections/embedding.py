@@ -676,18 +676,51 @@ class AsyncEmbedder(_Wrapper):
         self._executor = ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="mnemoflow-embed"
         )
+        self._waiting: list[tuple[list[str], asyncio.Future[np.ndarray]]] = []
+        self._draining = False
+        self.passes = 0  # forward passes run (each over every call that was waiting)
 
     async def embed(self, texts: list[str], timeout: float) -> np.ndarray:
-        """Embed off the loop; raise asyncio.TimeoutError if it takes longer than `timeout` s."""
+        """Embed off the loop; raise asyncio.TimeoutError if it takes longer than `timeout` s.
+
+        Calls made while a pass runs wait for the next one, which embeds all of them at once:
+        under load, the queries of several recall requests and the projector's rows share one
+        forward pass instead of queueing one pass each."""
         texts = _check_texts(texts)
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._executor, self.inner.embed, texts)
+        fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved if abandoned
+        self._waiting.append((texts, fut))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError as exc:  # asyncio.TimeoutError *is* TimeoutError since 3.11
             raise TimeoutError(
                 f"{self.name}: embedding {len(texts)} texts took longer than {timeout}s"
             ) from exc
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiting:
+                calls, self._waiting = self._waiting, []
+                flat = [t for texts, _ in calls for t in texts]
+                try:
+                    vecs = await loop.run_in_executor(self._executor, self.inner.embed, flat)
+                except Exception as exc:
+                    for _, fut in calls:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                self.passes += 1
+                at = 0
+                for texts, fut in calls:
+                    if not fut.done():  # a caller that timed out is gone
+                        fut.set_result(vecs[at:at + len(texts)])
+                    at += len(texts)
+        finally:
+            self._draining = False
 
     async def warm_up(self, timeout: float = 120.0) -> None:
         """Load the model in the worker thread (not on the loop) before the first deadline."""

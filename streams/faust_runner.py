@@ -43,6 +43,7 @@ from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
+from mnemoflow.streams.lanes import KeyedLanes
 from mnemoflow.streams.lifecycle import CrashLimit
 from mnemoflow.streams.projector import MemoryProjector
 from mnemoflow.streams.state_cache import StateCache, StateLoadError
@@ -50,6 +51,9 @@ from mnemoflow.streams.state_cache import StateCache, StateLoadError
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
 RETRY_MAX_S = 8.0
+# recall requests of different sessions in flight at once: while one waits for the projection,
+# the embedder or LanceDB, the next ones start, and their queries share forward passes
+IN_FLIGHT = 16
 CACHE_FLUSH_S = 0.1  # the longest a processed record waits for its state's write and ack
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
@@ -169,16 +173,20 @@ class FaustRunner:
                     return
             cache.put(skey, new, generation, ev)
 
+        async def one(ev: faust.types.EventT, value: dict[str, Any]) -> None:
+            generation = cache.generation
+            await self._guarded(ev, stage.name, partial(body, ev, value, generation))
+            cache.done(ev, generation)
+            if cache.due:
+                await self._flush(stage.name)
+
         async def agent(stream: faust.StreamT) -> None:
+            lanes = KeyedLanes(IN_FLIGHT if stage.barrier else 1)
             async for manual, ev, value in self._records(stream, stage.name, base_of):
                 self.streams[stage.name] = manual
                 if is_input:
                     self.last_input = time.monotonic()
-                generation = cache.generation
-                await self._guarded(ev, stage.name, partial(body, ev, value, generation))
-                cache.done(ev, generation)
-                if cache.due:
-                    await self._flush(stage.name)
+                await lanes.run(stage.key(value), partial(one, ev, value))
 
         agent.__name__ = agent.__qualname__ = stage.name
         agent.__doc__ = stage.doc

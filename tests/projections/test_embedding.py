@@ -277,3 +277,25 @@ async def test_async_timeout_raises_so_callers_fall_back() -> None:
     finally:
         slow.release.set()
         aemb.close(wait=True)
+
+
+async def test_calls_waiting_for_a_running_pass_share_the_next_one() -> None:
+    """Under load the waiting calls (queries, sink rows) go through one forward pass, and
+    each caller gets exactly its own rows back."""
+    slow = BlockingEmbedder()
+    aemb = AsyncEmbedder(slow)
+    try:
+        first = asyncio.ensure_future(aemb.embed(["first"], timeout=30.0))
+        while not slow.started.is_set():
+            await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(aemb.embed([f"q{i}", f"r{i}"][: 1 + i % 2], 30.0))
+                   for i in range(5)]
+        slow.release.set()
+        out = await asyncio.gather(first, *waiting)
+        assert aemb.passes == 2  # the running pass, then one for all five that waited
+        assert [len(o) for o in out] == [1, 1, 2, 1, 2, 1]
+        assert len(slow.calls) == 2 and len(slow.calls[1]) == 7
+        np.testing.assert_allclose(out[2], CountingEmbedder().embed(["q1", "r1"]))
+    finally:
+        slow.release.set()
+        aemb.close(wait=True)
