@@ -15,6 +15,7 @@ import fcntl
 import logging
 import os
 import pickle
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def dumps(checkpoint: Checkpoint) -> bytes:
 
 def write_bytes(folder: Path, data: bytes) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{FILE}.{os.getpid()}"
+    tmp = folder / f".{FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

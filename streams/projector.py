@@ -42,7 +42,10 @@ from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams.reader import topic_partitions
 
 OWNER_POLL_S = 0.01  # a per-owner barrier re-checks this often (flushes write in batches)
-CHECKPOINT_EVERY = 20_000  # records folded into a partition between two checkpoints
+# records folded into a partition between two checkpoints: at least this many, and at least
+# a quarter of what the partition holds, because a checkpoint stalls the loop for a time that
+# grows with the partition (pickling its store: about 10 s at 250k memories)
+CHECKPOINT_EVERY = 20_000
 log = logging.getLogger(__name__)
 
 
@@ -340,12 +343,13 @@ class MemoryProjector:
             return
         for p, mem in list(self.memory.parts.items()):
             tp = self._tp("memory-log", p)
-            if (p not in self._locks or self.since_checkpoint.get(p, 0) < self.checkpoint_every
+            due = max(self.checkpoint_every, len(mem.store) // 4)
+            if (p not in self._locks or self.since_checkpoint.get(p, 0) < due
                     or p in self.restoring or covered.get(tp) != self.applied.get(tp)):
                 continue
-            await self.save(p, mem, {tp.topic: self.applied[tp]})
+            await self._save(p, mem, {tp.topic: self.applied[tp]})
 
-    async def save(self, partition: int, mem: Memory, offsets: dict[str, int]) -> None:
+    async def _save(self, partition: int, mem: Memory, offsets: dict[str, int]) -> None:
         t0 = time.monotonic()
         graph = mem.graph_sink.graph if mem.graph_sink is not None else None
         data = snapshot.dumps(Checkpoint(self.build, offsets, mem.store, graph))
