@@ -95,6 +95,7 @@ class FaustRunner:
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
     caches: dict[str, StateCache] = field(default_factory=dict)  # write-behind, per stage
     streams: dict[str, Any] = field(default_factory=dict)  # each agent's manual-ack stream
+    lanes: dict[str, KeyedLanes] = field(default_factory=dict)
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -180,8 +181,9 @@ class FaustRunner:
             if cache.due:
                 await self._flush(stage.name)
 
+        lanes = self.lanes[stage.name] = KeyedLanes(IN_FLIGHT if stage.barrier else 1)
+
         async def agent(stream: faust.StreamT) -> None:
-            lanes = KeyedLanes(IN_FLIGHT if stage.barrier else 1)
             async for manual, ev, value in self._records(stream, stage.name, base_of):
                 self.streams[stage.name] = manual
                 if is_input:
@@ -191,6 +193,14 @@ class FaustRunner:
         agent.__name__ = agent.__qualname__ = stage.name
         agent.__doc__ = stage.doc
         app.agent(source, name=stage.name, concurrency=1)(agent)
+
+    async def settle(self) -> None:
+        """Finish the records in flight, write every dirty state and ack what it covers
+        (before a stop, so that faust's last commit includes them)."""
+        for lanes in self.lanes.values():
+            await lanes.drain()
+        for name in list(self.caches):
+            await self._flush(name)
 
     async def _flush(self, stage: str) -> None:
         """Write the stage's dirty states to its table, then ack the records they include."""
