@@ -43,7 +43,6 @@ from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
-from mnemoflow.streams.lanes import KeyedLanes
 from mnemoflow.streams.lifecycle import CrashLimit
 from mnemoflow.streams.projector import MemoryProjector
 from mnemoflow.streams.state_cache import StateCache, StateLoadError
@@ -51,9 +50,6 @@ from mnemoflow.streams.state_cache import StateCache, StateLoadError
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
 RETRY_MAX_S = 8.0
-# recall requests of different sessions in flight at once: while one waits for the projection,
-# the embedder or LanceDB, the next ones start, and their queries share forward passes
-IN_FLIGHT = 16
 CACHE_FLUSH_S = 0.1  # the longest a processed record waits for its state's write and ack
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
@@ -95,7 +91,6 @@ class FaustRunner:
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
     caches: dict[str, StateCache] = field(default_factory=dict)  # write-behind, per stage
     streams: dict[str, Any] = field(default_factory=dict)  # each agent's manual-ack stream
-    lanes: dict[str, KeyedLanes] = field(default_factory=dict)
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -181,24 +176,20 @@ class FaustRunner:
             if cache.due:
                 await self._flush(stage.name)
 
-        lanes = self.lanes[stage.name] = KeyedLanes(IN_FLIGHT if stage.barrier else 1)
-
         async def agent(stream: faust.StreamT) -> None:
             async for manual, ev, value in self._records(stream, stage.name, base_of):
                 self.streams[stage.name] = manual
                 if is_input:
                     self.last_input = time.monotonic()
-                await lanes.run(stage.key(value), partial(one, ev, value))
+                await one(ev, value)
 
         agent.__name__ = agent.__qualname__ = stage.name
         agent.__doc__ = stage.doc
         app.agent(source, name=stage.name, concurrency=1)(agent)
 
     async def settle(self) -> None:
-        """Finish the records in flight, write every dirty state and ack what it covers
-        (before a stop, so that faust's last commit includes them)."""
-        for lanes in self.lanes.values():
-            await lanes.drain()
+        """Write every dirty state and ack what it covers (before a stop, so that faust's
+        last commit includes them)."""
         for name in list(self.caches):
             await self._flush(name)
 

@@ -48,7 +48,7 @@ from mnemoflow.streams.projector import MemoryProjector
 
 log = logging.getLogger(__name__)
 PRODUCER_BATCH_BYTES = 512 * 1024
-SETTLE_S = 3.0  # the longest a stop waits for the records in flight (within the watchdog's bound)
+SETTLE_S = 3.0  # the longest a stop waits to write the cached states (within the watchdog's)
 
 
 def _now_ms() -> int:
@@ -199,9 +199,9 @@ class _Worker(faust.Worker):
         self.stop_within("SIGINT", 0)
 
     def stop_within(self, why: str, code: int) -> None:
-        """Stop, bounded by the watchdog: first the records in flight are finished and their
-        states written and acked (`FaustRunner.settle`), so that faust's last commit covers
-        them and a restart does not process them again."""
+        """Stop, bounded by the watchdog: first the cached states are written and their
+        records acked (`FaustRunner.settle`), so that faust's last commit covers them and a
+        restart does not process them again."""
         self.health.set("stopping", why)
         self.watchdog.arm(code, why)
 
@@ -209,7 +209,7 @@ class _Worker(faust.Worker):
             try:
                 await asyncio.wait_for(self.pipe.settle(), SETTLE_S)
             except Exception as exc:  # not settled: those records are processed again
-                log.warning("records in flight not settled before the stop: %r", exc)
+                log.warning("cached states not written before the stop: %r", exc)
             self._schedule_shutdown(signal.SIGTERM)
 
         self._settling = asyncio.ensure_future(settle_then_stop(), loop=self.loop)
