@@ -4,9 +4,7 @@ Each stage's state lives in a faust Table keyed like its input and co-partitione
 a session's state moves with its events. Values are raw Avro bytes: bad bytes go to the
 dead-letter topic with a reason and the stream goes on. Agents run with concurrency=1, and
 records are acked by hand once processed or dead-lettered (faust acks the record in hand when
-an agent raises, and a record acked unprocessed would be committed past and lost). A stage's
-states are kept in a write-behind cache (`streams.state_cache`): the table gets one write per
-key per flush (every 500 records or 0.1 s), and the records are acked only after it.
+an agent raises, and a record acked unprocessed would be committed past and lost).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,7 +20,6 @@ from typing import Any
 import faust
 from aiokafka.errors import MessageSizeTooLargeError
 from faust.exceptions import ProducerSendError
-from faust.streams import _current_event
 
 from mnemoflow.agents.inbox import op_record
 from mnemoflow.agents.respond import Projection
@@ -45,12 +41,10 @@ from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
 from mnemoflow.streams.lifecycle import CrashLimit
 from mnemoflow.streams.projector import MemoryProjector
-from mnemoflow.streams.state_cache import StateCache, StateLoadError
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
 RETRY_MAX_S = 8.0
-CACHE_FLUSH_S = 0.1  # the longest a processed record waits for its state's write and ack
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
 
@@ -60,16 +54,6 @@ class OutputTooLarge(Exception):
 
 class StageError(Exception):
     """A step raised on this record (its cause): the record's fault, not the worker's."""
-
-
-def _write_as(table: Any, key: str, value: Any, event: Any) -> None:
-    """table[key] = value as if `event` were in hand: faust writes a key to the changelog (and
-    the local store) partition of the current record, which must be the key's own."""
-    token = _current_event.set(weakref.ref(event))
-    try:
-        table[key] = value
-    finally:
-        _current_event.reset(token)
 
 
 @dataclass
@@ -89,8 +73,6 @@ class FaustRunner:
     # set by the worker: called once when an agent is past its limit
     on_fatal: Callable[[str], None] | None = None
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
-    caches: dict[str, StateCache] = field(default_factory=dict)  # write-behind, per stage
-    streams: dict[str, Any] = field(default_factory=dict)  # each agent's manual-ack stream
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -112,17 +94,6 @@ class FaustRunner:
             """The memory-log partitions held are the recall-requests partitions assigned."""
             self.projector.assign({tp.partition for tp in assigned if tp.topic == requests})
 
-        @app.on_partitions_revoked.connect
-        async def drop_caches(app: faust.App, revoked: set[Any], **kw: Any) -> None:
-            """Unflushed states are dropped: their records are not acked, so they come again."""
-            for cache in self.caches.values():
-                cache.drop()
-
-        @app.timer(interval=CACHE_FLUSH_S)
-        async def flush_caches() -> None:
-            for name in list(self.caches):
-                await self._flush(name)
-
         @app.task
         async def project_memory_log() -> None:
             await self.memory.start()
@@ -135,20 +106,15 @@ class FaustRunner:
     def _agent(self, stage: Stage) -> None:
         s, app = self.settings, self.app
         table = app.Table(stage.table, default=None, partitions=s.partitions)
-        cache = StateCache(table, partial(stage.load, self.ports), stage.dump, write=_write_as)
-        self.caches[stage.name] = cache
         source = (self.topics[stage.inputs[0]] if len(stage.inputs) == 1
                   else app.topic(*(s.topic(b) for b in stage.inputs), **RAW))
         base_of = {s.topic(b): b for b in stage.inputs}
         is_input = set(stage.inputs) <= set(INPUT_TOPICS)
 
-        async def body(ev: faust.types.EventT, value: dict[str, Any], generation: int) -> None:
+        async def body(ev: faust.types.EventT, value: dict[str, Any]) -> None:
             m = ev.message
             skey = stage.key(value)
-            try:
-                state = cache.get(skey)
-            except StateLoadError as exc:
-                raise StageError(str(exc)) from exc
+            stored = table.get(skey)  # a table error is not the record's fault
             projection = None
             if stage.barrier:
                 version = self.memory.version
@@ -158,7 +124,9 @@ class FaustRunner:
                 projection = Projection(version, caught_up, lag or "lagging")
             record = Record(base_of[m.topic], value, int((m.timestamp or 0) * 1000), projection)
             try:
+                state = stage.load(self.ports, stored)
                 new, outs = await run_stage_step(stage, self.ports, state, record)
+                dumped = stage.dump(new)
             except Exception as exc:
                 raise StageError(str(exc)) from exc
             for out in outs:
@@ -167,38 +135,18 @@ class FaustRunner:
                 else:
                     await self._to_dlq(ev, out.reason, out.detail, stage.name)
                     return
-            cache.put(skey, new, generation, ev)
-
-        async def one(ev: faust.types.EventT, value: dict[str, Any]) -> None:
-            generation = cache.generation
-            await self._guarded(ev, stage.name, partial(body, ev, value, generation))
-            cache.done(ev, generation)
-            if cache.due:
-                await self._flush(stage.name)
+            if dumped != stored:
+                table[skey] = dumped
 
         async def agent(stream: faust.StreamT) -> None:
             async for manual, ev, value in self._records(stream, stage.name, base_of):
-                self.streams[stage.name] = manual
                 if is_input:
                     self.last_input = time.monotonic()
-                await one(ev, value)
+                await self._guarded(manual, ev, stage.name, partial(body, ev, value))
 
         agent.__name__ = agent.__qualname__ = stage.name
         agent.__doc__ = stage.doc
         app.agent(source, name=stage.name, concurrency=1)(agent)
-
-    async def settle(self) -> None:
-        """Write every dirty state and ack what it covers (before a stop, so that faust's
-        last commit includes them)."""
-        for name in list(self.caches):
-            await self._flush(name)
-
-    async def _flush(self, stage: str) -> None:
-        """Write the stage's dirty states to its table, then ack the records they include."""
-        stream = self.streams.get(stage)
-        for ev in self.caches[stage].flush():
-            if stream is not None:
-                await stream.ack(ev)
 
     def _timer(self, periodic: Periodic) -> None:
         s = self.settings
@@ -268,10 +216,9 @@ class FaustRunner:
         if self.crashes.failed(name, exc) and self.on_fatal is not None:
             self.on_fatal(self.crashes.fatal)
 
-    async def _guarded(self, ev: faust.types.EventT, stage: str,
+    async def _guarded(self, stream: faust.StreamT, ev: faust.types.EventT, stage: str,
                        body: Callable[[], Awaitable[None]]) -> None:
-        """Run one record through a stage (its ack follows with the state's flush). An error
-        of the record's own making
+        """Run one record through a stage, then ack it. An error of the record's own making
         (the step raised, or an output is too large to write) dead-letters the record and the
         stream goes on. Anything else (the broker, a table) is retried on the same record with
         a back-off; past MNEMOFLOW_AGENT_MAX_RETRIES failures in a row the worker stops,
@@ -300,4 +247,5 @@ class FaustRunner:
                 await asyncio.sleep(min(RETRY_FIRST_S * 2 ** (failures - 1), RETRY_MAX_S))
                 continue
             self.crashes.succeeded(stage)
+            await stream.ack(ev)
             return

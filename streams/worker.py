@@ -48,7 +48,6 @@ from mnemoflow.streams.projector import MemoryProjector
 
 log = logging.getLogger(__name__)
 PRODUCER_BATCH_BYTES = 512 * 1024
-SETTLE_S = 3.0  # the longest a stop waits to write the cached states (within the watchdog's)
 
 
 def _now_ms() -> int:
@@ -186,7 +185,6 @@ class _Worker(faust.Worker):
 
     watchdog: Watchdog
     health: Health
-    pipe: FaustRunner
 
     def _setup_logging(self) -> None:
         super()._setup_logging()
@@ -199,20 +197,9 @@ class _Worker(faust.Worker):
         self.stop_within("SIGINT", 0)
 
     def stop_within(self, why: str, code: int) -> None:
-        """Stop, bounded by the watchdog: first the cached states are written and their
-        records acked (`FaustRunner.settle`), so that faust's last commit covers them and a
-        restart does not process them again."""
         self.health.set("stopping", why)
         self.watchdog.arm(code, why)
-
-        async def settle_then_stop() -> None:
-            try:
-                await asyncio.wait_for(self.pipe.settle(), SETTLE_S)
-            except Exception as exc:  # not settled: those records are processed again
-                log.warning("cached states not written before the stop: %r", exc)
-            self._schedule_shutdown(signal.SIGTERM)
-
-        self._settling = asyncio.ensure_future(settle_then_stop(), loop=self.loop)
+        self._schedule_shutdown(signal.SIGTERM)
 
 
 def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> int:
@@ -254,7 +241,6 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
     worker = _Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.watchdog = Watchdog(settings.shutdown_timeout_s)
     worker.health = health
-    worker.pipe = pipe
     # no terminal spinner: to animate it faust sets the root logger to DEBUG, and then every
     # debug call of faust and aiokafka builds a LogRecord that the handler throws away
     # (py-spy: ~4 % of the worker's samples under load)
