@@ -1,4 +1,4 @@
-# mnemoflow: `make demo` (local broker, worker, a real replay, real output) and `make test`.
+# mnemoflow: `make demo` (local broker, worker, a conversation replayed, real output) and `make test`.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv

@@ -1,11 +1,15 @@
-"""`make demo`: a real LoCoMo conversation through the real broker and worker, printed stage by stage.
+"""`make demo`: a conversation through the real broker and worker, printed stage by stage.
 
-Nothing here is canned: every line printed is decoded from the segments, audit and inbox
-topics that the worker wrote during this run.
+The conversation ships with the package (`demo_conversation.json`, written for this demo in
+LoCoMo's layout); `--locomo [FILE]` replays the first LoCoMo dev conversation instead. The
+questions are asked the way a host asks them: a step boundary that waits for the pipeline's
+decision and claims the packet. Nothing here is canned: every other line printed is decoded
+from the segments, audit and inbox topics that the worker wrote during this run.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -21,12 +25,18 @@ from mnemoflow.agents.temporal import parse_event_time
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.admin import create_topics
 from mnemoflow.streams.config import REPO_ROOT, Settings
+from mnemoflow.streams.decisions import DecisionWatcher
 from mnemoflow.streams.host import CapabilityManifest, HostClient
+from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.kafka_local import LocalKafka
 from mnemoflow.streams.process import WorkerProcess
 from mnemoflow.streams.reader import TopicReader
+from mnemoflow.streams.step import StepAssembler
 
-DATA = Path(os.environ.get("MNEMOFLOW_SHARED", REPO_ROOT.parent / "shared")) / "data"
+BUNDLED = Path(__file__).with_name("demo_conversation.json")
+SHARED = Path(os.environ.get("MNEMOFLOW_SHARED", REPO_ROOT.parent / "shared"))
+LOCOMO = SHARED / "data" / "locomo" / "dev.json"
+WAIT_S = 30.0  # the host's bound on waiting for the pipeline's decision about a question
 QUESTIONS = 4
 con = Console(width=140)
 
@@ -38,8 +48,7 @@ def _turn_text(turn: dict) -> str:
     return text
 
 
-async def run(settings: Settings, bootstrap: str, worker: WorkerProcess) -> None:
-    conv = json.loads((DATA / "locomo" / "dev.json").read_text())[0]
+async def run(settings: Settings, bootstrap: str, worker: WorkerProcess, conv: dict) -> None:
     c = conv["conversation"]
     user = conv["sample_id"]
     sessions = [1, 2]
@@ -51,7 +60,7 @@ async def run(settings: Settings, bootstrap: str, worker: WorkerProcess) -> None
         await worker.wait_ready(120)
     except (RuntimeError, TimeoutError) as exc:
         raise SystemExit(f"worker not ready: {exc}") from None
-    con.rule(f"[bold]LoCoMo {user}: sessions {sessions} as memory, then {len(qs)} questions")
+    con.rule(f"[bold]{user}: sessions {sessions} as memory, then {len(qs)} questions")
     sent = 0
     async with HostClient(settings, bootstrap) as host:
         last_t = 0
@@ -66,10 +75,25 @@ async def run(settings: Settings, bootstrap: str, worker: WorkerProcess) -> None
             await hs.lifecycle("end", last_t + 1)
         qt = last_t + 7 * 86400_000
         await asyncio.sleep(1.5)  # let the memory-log projection catch up first
-        for i, q in enumerate(qs):  # each question in a new session of the same user
-            q_session = host.session(f"{user}/question-{i + 1}", user)
-            await q_session.lifecycle("start", qt + i * 60_000, manifest)
-            await q_session.user_message(q["question"], qt + i * 60_000 + 1000)
+        inbox = InboxClient(settings, bootstrap, host.producer)
+        await inbox.start()
+        try:
+            async with DecisionWatcher(settings, bootstrap) as decisions:
+                for i, q in enumerate(qs):  # each question in a new session of the same user
+                    t = qt + i * 60_000
+                    q_session = host.session(f"{user}/question-{i + 1}", user)
+                    await q_session.lifecycle("start", t, manifest)
+                    step = StepAssembler(q_session, inbox, manifest, decisions=decisions)
+                    await q_session.user_message(q["question"], t + 1000)
+                    result = await step.step_boundary(t + 1001, user_message=q["question"],
+                                                      wait=WAIT_S)
+                    d = result.decision
+                    assert d is not None
+                    con.print(f"host step boundary: {escape(q['question'])} -> [bold]{d.outcome}[/] "
+                              f"after {d.waited_ms:.0f} ms, {len(result.delivered)} packet(s) "
+                              "claimed into the next request")
+        finally:
+            await inbox.stop()
     con.print(f"host produced {sent} turns + {len(qs)} questions to {T.SESSION_EVENTS.name(settings)}")
 
     names = [T.SEGMENTS.name(settings), T.AUDIT.name(settings), T.INBOX.name(settings),
@@ -139,7 +163,21 @@ async def run(settings: Settings, bootstrap: str, worker: WorkerProcess) -> None
                       f"{d['outcome']}")
 
 
-def main() -> None:
+def load_conversation(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--locomo", nargs="?", const=str(LOCOMO), metavar="FILE",
+                    help=f"replay the first LoCoMo conversation of FILE (default {LOCOMO})")
+    args = ap.parse_args(argv)
+    if args.locomo is None:
+        return json.loads(BUNDLED.read_text())
+    path = Path(args.locomo)
+    if not path.is_file():
+        raise SystemExit(f"no LoCoMo file at {path}; set MNEMOFLOW_SHARED or give the file")
+    return json.loads(path.read_text())[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    conv = load_conversation(argv)
     base = Settings()
     tag = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:4]
     settings = base.with_overrides(topic_prefix=f"demo.{tag}.", app_id=f"demo-{tag}",
@@ -159,7 +197,7 @@ def main() -> None:
         with worker:  # stopped on every way out, a failure or Ctrl-C included
             assert worker.proc is not None
             con.print(f"worker started (pid {worker.proc.pid}), log {worker.log_path}")
-            asyncio.run(run(settings, bootstrap, worker))
+            asyncio.run(run(settings, bootstrap, worker, conv))
         con.print(f"worker stopped (exit code {worker.proc.returncode})")
     finally:
         if started:

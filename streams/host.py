@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mnemoflow.streams.producer import AvroProducer
 
 SCHEMA_VERSION = 1
+OWED_CAP = 256  # events a step boundary's wait can ask about (agents.decisions.KEEP)
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,26 @@ class HostSession:
     step: int = 0
     _seq: itertools.count = field(default_factory=lambda: itertools.count(1))
     last_seq: int = 0
+    # events written since the last `take_owed` that the gate may fire on (messages, tool
+    # results, steps with text); lifecycle and feedback events are always suppressed
+    owed: list[int] = field(default_factory=list)
 
-    def _header(self, event_time: int, event_seq: int | None) -> dict[str, Any]:
+    @property
+    def decision_seq(self) -> int:
+        """The eventSeq of the latest event the gate has to decide about (0: none yet)."""
+        return self.owed[-1] if self.owed else 0
+
+    def take_owed(self) -> tuple[int, ...]:
+        """The events whose decision a step boundary waits for; the list starts again."""
+        out, self.owed = tuple(self.owed), []
+        return out
+
+    def _header(self, event_time: int, event_seq: int | None, owed: bool = False) -> dict[str, Any]:
         seq = event_seq if event_seq is not None else next(self._seq)
         self.last_seq = max(self.last_seq, seq)
+        if owed:
+            # bounded: a host that never waits must not grow it (a wait asks the newest only)
+            self.owed = [*self.owed[-OWED_CAP + 1:], seq]
         return {"schemaVersion": SCHEMA_VERSION, "sessionId": self.session_id,
                 "agentId": self.agent_id, "userId": self.user_id,
                 "workspaceId": self.workspace_id, "eventSeq": seq, "turn": self.turn,
@@ -71,7 +88,8 @@ class HostSession:
 
     async def _session_event(self, event_time: int, etype: str, event_seq: int | None = None,
                              **fields: Any) -> dict[str, Any]:
-        rec = {**self._header(event_time, event_seq), "type": etype, "text": None,
+        owed = etype in ("user_message", "assistant_message")
+        rec = {**self._header(event_time, event_seq, owed), "type": etype, "text": None,
                "provenance": None, "lifecycle": None, "capability": None, "feedbackKind": None,
                "feedbackRef": None, "attributes": {}, **fields}
         await self.client.producer.send(T.SESSION_EVENTS.name(self.client.settings),
@@ -113,7 +131,7 @@ class HostSession:
                           output: str | None = None, error: str | None = None,
                           root_call_id: str | None = None, parent_call_id: str | None = None,
                           attempt: int = 1, memory_refs: list[str] | None = None) -> dict[str, Any]:
-        rec = {**self._header(event_time, None), "callId": call_id, "rootCallId": root_call_id,
+        rec = {**self._header(event_time, None, owed=True), "callId": call_id, "rootCallId": root_call_id,
                "parentCallId": parent_call_id, "toolName": tool_name, "status": status,
                "attempt": attempt, "output": output, "error": error,
                "memoryRefs": memory_refs or []}
@@ -124,7 +142,9 @@ class HostSession:
     async def agent_step(self, phase: str, event_time: int, text: str | None = None) -> dict[str, Any]:
         if phase == "start":
             self.step += 1
-        rec = {**self._header(event_time, None), "phase": phase, "text": text}
+        # a step without text is no event for the observer: nothing is decided about it
+        rec = {**self._header(event_time, None, owed=bool((text or "").strip())), "phase": phase,
+               "text": text}
         await self.client.producer.send(T.AGENT_STEPS.name(self.client.settings),
                                         "io.mnemoflow.AgentStep", self.session_id, rec)
         return rec

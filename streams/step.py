@@ -8,13 +8,17 @@ that really entered it are reported delivered (G-01), and that advances the deli
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mnemoflow.agents.broker import capability_snapshot
+from mnemoflow.agents.decisions import PACKET, Decision
+from mnemoflow.streams.decisions import DecisionWatcher
 from mnemoflow.streams.host import CapabilityManifest, HostSession
 from mnemoflow.streams.inbox import ClaimResult, InboxClient
 
@@ -62,6 +66,7 @@ class StepResult:
     claim: ClaimResult
     delivered: tuple[str, ...]
     rejected: str | None = None
+    decision: Decision | None = None  # what the wait found (`step_boundary(wait=...)`)
 
 
 def _call_sync(fn: Provider) -> str | None:
@@ -107,6 +112,7 @@ class StepAssembler:
     _projection_index: int | None = None
     visible_digests: set[str] = field(default_factory=set)
     delivered_cursor: int = 0
+    decisions: DecisionWatcher | None = None  # needed by `step_boundary(wait=...)`
 
     def assemble(self) -> tuple[str, str | None]:
         system = "\n\n".join(s for s in (_call_sync(p) for p in self.sections) if s)
@@ -126,8 +132,33 @@ class StepAssembler:
         self._projection = snapshot
         return msg
 
-    async def step_boundary(self, now_ms: int, user_message: str | None = None) -> StepResult:
-        """Run one boundary; returns the request to send, or why nothing entered."""
+    async def wait_decision(self, timeout_s: float) -> Decision:
+        """Wait until the pipeline has decided about the events since the last wait: at once
+        after a suppress; after the broker's record, and its packet in the inbox, when the
+        gate fired. Those events are not waited for again, whatever the outcome."""
+        if self.decisions is None:
+            raise ValueError("waiting for a decision needs StepAssembler(decisions=DecisionWatcher)")
+        started = time.monotonic()
+        sid = self.session.session_id
+        decision = await self.decisions.wait(sid, self.session.take_owed(), timeout_s)
+        if decision.outcome == PACKET:
+            # the broker's audit and its inbox op are two topics: the op may land a moment later
+            wanted = set(decision.packet_ids)
+            while True:
+                state = await self.inbox.sync(sid)
+                seen = set(state.pending_by_id) | set(state.claimed) | {p for p, _ in state.dropped}
+                if wanted <= seen or time.monotonic() - started >= timeout_s:
+                    break
+                await asyncio.sleep(0.01)
+        return replace(decision, waited_ms=(time.monotonic() - started) * 1000)
+
+    async def step_boundary(self, now_ms: int, user_message: str | None = None,
+                            wait: float | None = None) -> StepResult:
+        """Run one boundary; returns the request to send, or why nothing entered.
+
+        `wait` (seconds): first wait, up to that long, for the pipeline's decision about the
+        events written since the last wait (`wait_decision`); the result carries it."""
+        decision = await self.wait_decision(wait) if wait is not None else None
         cap = capability_snapshot(self.manifest.to_record())
         claim = await self.inbox.claim_all(self.session.session_id, now_ms,
                                            frozenset(self.visible_digests))
@@ -144,7 +175,7 @@ class StepAssembler:
             kind, value = listener(PreStep(self.session.session_id, self.session.turn,
                                            self.session.step, messages))
             if kind == "reject":
-                return StepResult(None, claim, (), rejected=str(value))
+                return StepResult(None, claim, (), rejected=str(value), decision=decision)
             messages = tuple(value)
         entered = [p for p in packets
                    if any(m.get("packetId") == p["packetId"] for m in messages)]
@@ -158,7 +189,7 @@ class StepAssembler:
             self.delivered_cursor = max(self.delivered_cursor, p["contextCursor"])
             await self.session.feedback("packet_delivered", p["packetId"], now_ms,
                                         memory_ids=[i["memoryId"] for i in p["items"]])
-        return StepResult(req, claim, tuple(p["packetId"] for p in entered))
+        return StepResult(req, claim, tuple(p["packetId"] for p in entered), decision=decision)
 
     def build_request(self, system: str, entered: list[dict[str, Any]]) -> BuiltRequest:
         messages = tuple(dict(m) for m in self.history)
