@@ -39,6 +39,11 @@ from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 APPLIED_WINDOW = 200_000  # recent event ids kept per store for the redelivery guard
 
 
+# ops that change a memory already there (not one that the event itself writes)
+ACTS_ON_EXISTING = REVOKE_OPS | {"fact_confirmed", "fact_conflicted", "evidence_reinforce",
+                                 "evidence_weaken"}
+
+
 class MemoryStore:
     """Records by memory id, the lexical index over the recallable ones, and the build
     generation; plus the read API consolidation uses (`records_of`, `session_records`,
@@ -90,6 +95,13 @@ class MemoryStore:
 
     # ------------------------------------------------------------------------- the fold
 
+    def _owns(self, ev: dict[str, Any]) -> bool:
+        """Whether the event's scope owner is the owner of the memory it acts on: a store holds
+        many owners (a partition's users, every tenant of a gateway), and one owner's host
+        must not revoke, confirm or dispute another's memory by naming its id."""
+        target = self.procedures.get(ev["memoryId"]) or self.records.get(ev["memoryId"])
+        return target is None or target.owner == ev["owner"]
+
     def apply(self, ev: dict[str, Any]) -> bool:
         """Fold one memory-log event; returns False for an event already applied."""
         eid = ev["eventId"]
@@ -102,6 +114,8 @@ class MemoryStore:
         self.applied_count += 1
         self.latest_event_time = max(self.latest_event_time, int(ev["eventTime"]))
         op, mid = ev["op"], ev["memoryId"]
+        if op in ACTS_ON_EXISTING and not self._owns(ev):
+            return True  # another owner's memory: applied, and it changes nothing
         if op in ("link_added", "link_revoked"):
             return True  # graph edges, not memories: the graph projection folds them
         if op in ("alias_added", "alias_revoked"):

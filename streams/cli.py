@@ -1,4 +1,4 @@
-"""The `mnemoflow` command: kafka up|down|status, topics create|describe, worker, replay, eval."""
+"""The `mnemoflow` command: kafka up|down|status, topics create|describe, worker, serve, replay, eval."""
 
 from __future__ import annotations
 
@@ -71,6 +71,46 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     from mnemoflow.streams.worker import run_worker
 
     return run_worker(settings, resolve_bootstrap(settings), loglevel=args.loglevel)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    """The gateway: the host SDK over HTTP and MCP, served by uvicorn until interrupted."""
+    from pathlib import Path
+
+    import uvicorn
+
+    from mnemoflow.agents.tenancy import TenancyError, bind_refusal
+    from mnemoflow.streams.config import env_opt
+    from mnemoflow.streams.gateway import create_app, load_tenants
+    from mnemoflow.streams.gateway_service import TOPICS
+    from mnemoflow.streams.kafka_local import resolve_bootstrap
+    from mnemoflow.streams.producer import TopicsMissing, require_topics
+
+    path = args.tokens or env_opt("MNEMOFLOW_GATEWAY_TOKENS")
+    try:
+        tenants = load_tenants(Path(path)) if path else {}
+    except (OSError, TenancyError) as exc:
+        print(f"error: tokens: {exc}", file=sys.stderr)
+        return 2
+    refusal = bind_refusal(args.host, bool(tenants))
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    bootstrap = resolve_bootstrap(settings)
+    try:  # here, for a one-line error: a failed start inside uvicorn is a traceback
+        asyncio.run(require_topics(settings, bootstrap, [spec.name(settings) for spec in TOPICS],
+                                   settings.connect_timeout_s))
+    except TopicsMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    names = sorted(set(tenants.values()))
+    print(f"mnemoflow gateway on http://{args.host}:{args.port} (API docs /docs, MCP /mcp): "
+          + (f"{len(names)} tenant(s): {', '.join(names)}" if names else
+             "no tokens, one local tenant, loopback only"))
+    level = {"crit": "critical", "warn": "warning"}.get(args.loglevel, args.loglevel)
+    uvicorn.run(create_app(settings, bootstrap, tenants, host=args.host), host=args.host,
+                port=args.port, log_level=level)
+    return 0
 
 
 def _health(args: argparse.Namespace, settings: Settings) -> int:
@@ -227,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run the stream worker (faust)")
     w.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
     w.set_defaults(func=_worker)
+    sv = sub.add_parser("serve", help="the gateway: the host SDK over HTTP (/docs) and MCP (/mcp)")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on; other than loopback only with tokens")
+    sv.add_argument("--port", type=int, default=8088)
+    sv.add_argument("--tokens", help="JSON or TOML file {token: tenant} (default: "
+                    "$MNEMOFLOW_GATEWAY_TOKENS; none: one local tenant, loopback only)")
+    sv.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
+    sv.set_defaults(func=_serve)
     r = sub.add_parser("replay", help="reset a stopped consumer group's offsets (and its state)")
     r.add_argument("--group", help="consumer group (default: the worker's app id)")
     g = r.add_mutually_exclusive_group(required=True)

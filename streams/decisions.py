@@ -26,11 +26,13 @@ from mnemoflow.streams.producer import TopicsMissing, bounded, present_topics_se
 from mnemoflow.streams.reader import topic_partitions
 
 AUDIT_SCHEMA = "io.mnemoflow.AuditRecord"
+READ_S = 0.1  # the longest one read holds the consumer (a fetch returns as soon as data comes)
 SESSIONS_KEPT = 10_000  # sessions whose audits are kept, the most recently touched
 
 
 class DecisionWatcher:
-    """One per host process; `wait` may be called from many tasks at once."""
+    """One per host process; `wait` may be called from many tasks at once: they take turns
+    reading, one short fetch at a time."""
 
     def __init__(self, settings: Settings, bootstrap: str, timeout_s: float | None = None,
                  lookback_s: float = 300.0, registry: SchemaRegistry | None = None) -> None:
@@ -80,12 +82,16 @@ class DecisionWatcher:
         deadline = started + timeout_s
         async with self._lock:
             await self._watch(partition_of(session_id, self._parts))
-            while True:
-                found = decide(self.audits(session_id), wanted)
-                left = deadline - time.monotonic()
-                if found is not None or left <= 0:
-                    break
-                await self._read(min(left, 0.5))
+        while True:
+            found = decide(self.audits(session_id), wanted)
+            left = deadline - time.monotonic()
+            if found is not None or left <= 0:
+                break
+            # one short read at a time: it folds every watched partition, so each waiter sees
+            # what another's read brought, and none waits behind a whole other wait
+            async with self._lock:
+                if decide(self.audits(session_id), wanted) is None:
+                    await self._read(min(left, READ_S))
         waited = (time.monotonic() - started) * 1000
         if found is None:
             audits = self.audits(session_id)

@@ -197,7 +197,29 @@ class HostClient:
 
     def session(self, session_id: str, user_id: str, agent_id: str = "agent",
                 workspace_id: str | None = None) -> HostSession:
+        """A new session: its eventSeq starts at 1. For one written to before (by this or an
+        earlier process), use `resume`: a reused eventSeq is taken for a redelivery."""
         return HostSession(self, session_id, user_id, agent_id, workspace_id)
+
+    async def resume(self, session_id: str, user_id: str, agent_id: str = "agent",
+                     workspace_id: str | None = None) -> HostSession:
+        """A session that continues its numbering (eventSeq, turn, step) above its latest
+        event in the input topics; a new one if they hold none (past their retention, the
+        numbering starts again and the pipeline takes those events for redeliveries)."""
+        from mnemoflow.streams.session_log import SessionLog
+
+        log = SessionLog(self.settings, self.bootstrap, self.producer.registry,
+                         self.producer.timeout_s)
+        try:
+            await log.start()
+            seen = await log.last(session_id)
+        finally:
+            await log.stop()
+        session = self.session(session_id, user_id, agent_id, workspace_id)
+        if seen is not None:
+            session._seq = itertools.count(seen.seq + 1)
+            session.last_seq, session.turn, session.step = seen.seq, seen.turn, seen.step
+        return session
 
     # ------------------------------------------------ direct long-term memory writes (M-03..05)
 

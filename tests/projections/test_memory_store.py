@@ -444,3 +444,15 @@ def test_confirming_a_candidate_refused_by_a_users_fact_leaves_no_dangling_id() 
     assert all(r.memory_id != "fact:cand" for r in s.records_of("fact"))
     assert s.session_records("s2") == []
     assert "fact:cand" not in s.by_owner[("User", "u1")]
+
+
+def test_one_owner_cannot_revoke_or_confirm_another_owners_memory() -> None:
+    """A store holds many owners: naming another owner's memory id changes nothing."""
+    s = MemoryStore(IndexTuning())
+    s.apply(host_fact("alice", "alice parks in bay 7", T0, memory_id="note-a"))
+    s.apply(host_fact("bob", "bob parks in bay 9", T0, memory_id="note-b"))
+    assert s.apply(host_revoke("bob", "note-a", T0 + 1))  # applied, without effect
+    assert s.apply(host_confirm("bob", "note-a", T0 + 2))
+    assert not s.records["note-a"].revoked and s.recallable("note-a")
+    s.apply(host_revoke("alice", "note-a", T0 + 3))
+    assert s.records["note-a"].revoked and not s.records["note-b"].revoked

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from test_topology_kafka import MANIFEST, _start
 
@@ -12,7 +14,7 @@ from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.step import StepAssembler
 
 from factories import T0
-from support import collect, isolated_settings
+from support import collect, isolated_settings, prepare_topics
 
 pytestmark = pytest.mark.kafka
 DAY = 86_400_000
@@ -77,3 +79,39 @@ async def test_an_event_that_is_never_decided_ends_in_a_timeout(worker) -> None:
         assert recs["dead-letter"]
         d = await watcher.wait("lost-w", lost.take_owed(), 2.0)
         assert d.outcome == TIMEOUT and d.undecided == (seq,) and d.waited_ms >= 2000
+
+
+async def test_waits_of_different_sessions_do_not_queue_behind_each_other(worker) -> None:
+    """A long wait (an event that is never decided) does not hold up another session's."""
+    s, bs = worker.settings, worker.bootstrap
+    async with HostClient(s, bs) as host, DecisionWatcher(s, bs) as watcher:
+        lost = host.session("stuck-w", "user-stuck")
+        await lost.user_message("hello", -5)  # dead-lettered: never decided
+        stuck = asyncio.create_task(watcher.wait("stuck-w", lost.take_owed(), 60.0))
+        try:
+            other = host.session("quick-w", "user-quick")
+            await other.lifecycle("start", T0, MANIFEST)
+            await other.user_message("Thanks, that is all for today.", T0 + 1000)
+            d = await watcher.wait("quick-w", other.take_owed(), 50.0)
+            assert d.outcome != TIMEOUT, describe(d)
+            assert not stuck.done()
+        finally:
+            stuck.cancel()
+
+
+async def test_a_resumed_session_never_reuses_an_event_seq(kafka_bootstrap, tmp_path) -> None:
+    """A host that restarts continues the session's numbering from the input topics."""
+    s = isolated_settings(tmp_path, "resume")
+    await prepare_topics(s, kafka_bootstrap)
+    async with HostClient(s, kafka_bootstrap) as host:
+        first = host.session("res-1", "user-res")
+        await first.user_message("one", T0)
+        await first.agent_step("start", T0 + 1)
+        await first.tool_result("c1", "deploy", "ok", T0 + 2, output="done")
+        assert (first.last_seq, first.turn, first.step) == (3, 1, 1)
+    async with HostClient(s, kafka_bootstrap) as host:
+        again = await host.resume("res-1", "user-res")
+        rec = await again.user_message("two", T0 + 3)
+        assert (rec["eventSeq"], rec["turn"], rec["step"]) == (4, 2, 0)
+        fresh = await host.resume("res-2", "user-res")
+        assert (await fresh.user_message("new", T0 + 4))["eventSeq"] == 1
