@@ -20,7 +20,7 @@ from common import kafka_broker
 from mnemoflow.streams.config import Settings
 
 HERE = Path(__file__).resolve().parent
-KAFKA_SCRIPTS = ("bench_topology.py", "bench_inbox.py", "bench_projection.py")
+KAFKA_SCRIPTS = ("bench_topology.py", "bench_inbox.py", "bench_projection.py", "bench_step_wait.py")
 OFFLINE_SCRIPTS = ("bench_recall.py", "bench_graph.py", "bench_embedding.py")
 
 
