@@ -51,8 +51,8 @@ from mnemoflow.projections.embedding import (
     AsyncEmbedder,
     CachedEmbedder,
     Embedder,
-    MiniLMEmbedder,
 )
+from mnemoflow.projections.embedding_onnx import minilm_embedder
 from mnemoflow.projections.partitioned import build_partitioned, partition_dir
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.streams.config import Settings
@@ -72,7 +72,7 @@ def manifest(mode: str) -> CapabilityManifest:
 
 def default_embedder() -> Embedder:
     """MiniLM behind the on-disk cache: each benchmark text is embedded once per model."""
-    return CachedEmbedder(MiniLMEmbedder(), disk_dir=DEFAULT_EMBED_CACHE_DIR)
+    return CachedEmbedder(minilm_embedder(Settings().embedder), disk_dir=DEFAULT_EMBED_CACHE_DIR)
 
 
 def runner_for(tuning: Tuning, *, vector: bool = True, embedder: Embedder | None = None,

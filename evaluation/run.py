@@ -58,13 +58,10 @@ def _cosine_inputs(bench: Benchmark, data: metrics.TopicData
     vectors (IndexTuning.vector_context_weight), and the baseline must stay plain cosine.
     The on-disk cache makes a repeated run cheap.
     """
-    from mnemoflow.projections.embedding import (
-        DEFAULT_EMBED_CACHE_DIR,
-        CachedEmbedder,
-        MiniLMEmbedder,
-    )
+    from mnemoflow.projections.embedding import DEFAULT_EMBED_CACHE_DIR, CachedEmbedder
+    from mnemoflow.projections.embedding_onnx import minilm_embedder
 
-    emb = CachedEmbedder(MiniLMEmbedder(), disk_dir=DEFAULT_EMBED_CACHE_DIR)
+    emb = CachedEmbedder(minilm_embedder(Settings().embedder), disk_dir=DEFAULT_EMBED_CACHE_DIR)
     # turn ids repeat across users (every LoCoMo conversation has a D1:3): key by owner too
     segs = [m for m in data.memory if m["op"] == "segment_recorded" and m.get("text")]
     vecs = emb.embed([m["text"] for m in segs])

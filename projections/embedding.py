@@ -22,9 +22,10 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -170,21 +171,24 @@ def _softmax_inplace(s: np.ndarray) -> None:
 _BATCH_OVERHEAD_TOKENS = 24  # fixed cost of one forward call (~7 ms), in padded-token equivalents
 
 
-def _plan_batches(lengths: list[int], batch_size: int) -> list[tuple[int, int]]:
+def _plan_batches(lengths: list[int], batch_size: int,
+                  max_tokens: int | None = None) -> list[tuple[int, int]]:
     """Split ascending `lengths` into runs of at most `batch_size`, minimising padded tokens.
 
     Plain chunking of a sorted list can still pad many short texts up to one long one (the
     last chunk); a small dynamic programme over the cut points costs O(n * batch_size) and
-    puts a 256-token outlier in a batch of its own when that is cheaper.
+    puts a 256-token outlier in a batch of its own when that is cheaper. `max_tokens` also
+    caps a run's padded size (a backend whose working memory grows with the whole batch).
     """
     n = len(lengths)
     best = [0] * (n + 1)  # best[j]: cost of the first j texts
     cut = [0] * (n + 1)  # cut[j]: where the last run of that best plan starts
     for j in range(1, n + 1):
         longest = lengths[j - 1]  # of any run that ends at j, since lengths ascend
+        widest = batch_size if max_tokens is None else max(1, min(batch_size, max_tokens // longest))
         best[j], cut[j] = min(
             (best[i] + (j - i) * longest + _BATCH_OVERHEAD_TOKENS, i)
-            for i in range(max(0, j - batch_size), j)
+            for i in range(max(0, j - widest), j)
         )
     runs: list[tuple[int, int]] = []
     j = n
@@ -222,9 +226,15 @@ class _Weights:
     layers: tuple[_Layer, ...]
 
 
+# (ids int64 (b, t), mask float32 (b, t), right-padded) -> float32 (b, dim), rows L2-normalised
+_Forward = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
 @dataclass(frozen=True)
 class _Loaded:
-    weights: _Weights
+    # the forward pass closes over its weights, so another backend (embedding_onnx) can hold
+    # them in its own form while sharing the tokenizer, the checks and the batching
+    forward: _Forward
     tokenizer: Any  # tokenizers.Tokenizer (an extension type without stubs)
 
 
@@ -263,6 +273,7 @@ class MiniLMEmbedder:
     _LN_EPS = 1e-12
     _MASK_FILL = np.float32(-1e9)  # additive attention bias on padding keys: exp() gives 0
     _ATTN_BLOCK = 1 << 20  # attention scores per step (4 MB of float32)
+    _MAX_BATCH_TOKENS: int | None = None  # padded tokens per forward call; None: batch_size only
 
     def __init__(
         self,
@@ -320,6 +331,11 @@ class MiniLMEmbedder:
             return self._loaded
 
     def _load(self) -> _Loaded:
+        tensors, tokenizer = self._read_verified()
+        return _Loaded(forward=partial(self._forward, self._prepare(tensors)), tokenizer=tokenizer)
+
+    def _read_verified(self) -> tuple[dict[str, np.ndarray], Any]:
+        """The checked safetensors tensors and the configured tokenizer (shared by every backend)."""
         from safetensors.numpy import load as st_load
         from tokenizers import Tokenizer
 
@@ -352,8 +368,7 @@ class MiniLMEmbedder:
         # The file truncates to 128 and pads to a fixed 128: sentence-transformers overrides both.
         tokenizer.enable_truncation(max_length=self.max_seq_length)
         tokenizer.no_padding()  # we pad per batch ourselves, to the longest text
-
-        return _Loaded(weights=self._prepare(tensors), tokenizer=tokenizer)
+        return tensors, tokenizer
 
     @classmethod
     def _check_config(cls, path: Path) -> None:
@@ -429,10 +444,10 @@ class MiniLMEmbedder:
         if not texts:
             return out
         ids = self._encode(texts)
-        weights = self._ensure_loaded().weights
+        forward = self._ensure_loaded().forward
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         lengths = [len(ids[i]) for i in order]
-        for s, e in _plan_batches(lengths, self.batch_size):
+        for s, e in _plan_batches(lengths, self.batch_size, self._MAX_BATCH_TOKENS):
             idx = order[s:e]
             longest = lengths[e - 1]
             batch = np.zeros((len(idx), longest), dtype=np.int64)  # 0 is [PAD]
@@ -440,7 +455,7 @@ class MiniLMEmbedder:
             for r, i in enumerate(idx):
                 batch[r, : len(ids[i])] = ids[i]
                 mask[r, : len(ids[i])] = 1.0
-            out[idx] = self._forward(weights, batch, mask)
+            out[idx] = forward(batch, mask)
         return out
 
     def _forward(self, w: _Weights, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

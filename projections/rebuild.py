@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
-from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
+from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder
+from mnemoflow.projections.embedding_onnx import DEFAULT_BACKEND, minilm_embedder
 from mnemoflow.projections.markdown import MarkdownSink, events_from_markdown
 from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.projections.vector_index import VectorIndex, open_index
@@ -32,8 +33,9 @@ class MarkdownIncomplete(RuntimeError):
     """The store and the index were rebuilt, but some owners' MEMORY.md could not be written."""
 
 
-def default_embedder() -> AsyncEmbedder:
-    return AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
+def default_embedder(backend: str = DEFAULT_BACKEND) -> AsyncEmbedder:
+    """`backend`: Settings.embedder (onnx or numpy; the vectors are the same)."""
+    return AsyncEmbedder(CachedEmbedder(minilm_embedder(backend)))
 
 
 async def rebuild(events: list[dict[str, Any]], index_path: Path, embedder: AsyncEmbedder,

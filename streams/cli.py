@@ -225,7 +225,7 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         for ev in events:  # each partition's index, as the worker folds it
             by_part[partition_of(ev["owner"], settings.partitions)].append(ev)
         memories = vectors = 0
-        embedder = default_embedder()
+        embedder = default_embedder(settings.embedder)
         for p, evs in by_part.items():
             store, index = await rebuild(evs, index_path / partition_dir(p) / "vectors",
                                          embedder, md_root,

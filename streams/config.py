@@ -121,6 +121,10 @@ class Settings:
         default_factory=lambda: env_float("MNEMOFLOW_CONSOLIDATE_IDLE_S", 3.0))
     graph: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_GRAPH", True))
     vector: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_VECTOR", True))
+    # the MiniLM forward pass (the vectors are interchangeable): onnx (ONNX Runtime; numpy when
+    # onnxruntime cannot be imported) or numpy (projections/embedding_onnx.minilm_embedder)
+    embedder: str = field(default_factory=lambda: env_choice(
+        "MNEMOFLOW_EMBEDDER", "onnx", ("onnx", "numpy")))
     # what recall waits for before it searches: "applied" (the lexical store; never waits
     # behind embedding) or "projected" (also every vector row of the request's scope owners:
     # a replay then gives the same packets whatever the embedding speed; the evaluation
@@ -147,6 +151,10 @@ class Settings:
     # before it raises BrokerUnavailable
     host_timeout_s: float = field(
         default_factory=lambda: env_float("MNEMOFLOW_HOST_TIMEOUT_S", 30.0, minimum=0.5))
+    # the worker's /metrics, /healthz and /readyz on 127.0.0.1; 0: a free port the OS chooses
+    # (two workers on one machine never collide), written to the worker's health file
+    metrics_port: int = field(
+        default_factory=lambda: env_int("MNEMOFLOW_METRICS_PORT", 0, minimum=0, maximum=65535))
     # fault injection for resilience drills: these recall tiers raise instead of answering
     fault_tiers: tuple[str, ...] = field(default_factory=lambda: env_list("MNEMOFLOW_FAULT_TIERS"))
     # ... and these agents (observer, gate, evidence, recall) crash on every record

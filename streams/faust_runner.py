@@ -20,6 +20,7 @@ from typing import Any
 import faust
 from aiokafka.errors import MessageSizeTooLargeError
 from faust.exceptions import ProducerSendError
+from prometheus_client import CollectorRegistry
 
 from mnemoflow.agents.inbox import op_record
 from mnemoflow.agents.respond import Projection
@@ -40,11 +41,13 @@ from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
 from mnemoflow.streams.lifecycle import CrashLimit
+from mnemoflow.streams.metrics import Lag, WorkerMetrics
 from mnemoflow.streams.projector import MemoryProjector
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.5  # back-off before a record that failed for no fault of its own is retried
 RETRY_MAX_S = 8.0
+LAG_EVERY_S = 1.0  # how often the consumer lag gauges are refreshed
 RAW = {"value_type": bytes, "value_serializer": "raw", "key_type": bytes, "key_serializer": "raw"}
 
 
@@ -73,6 +76,8 @@ class FaustRunner:
     # set by the worker: called once when an agent is past its limit
     on_fatal: Callable[[str], None] | None = None
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
+    # what the runner writes is counted here; the worker passes the one its server exposes
+    metrics: WorkerMetrics = field(default_factory=lambda: WorkerMetrics(CollectorRegistry()))
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -100,6 +105,32 @@ class FaustRunner:
             if self.memory.embedder is not None:
                 await self.memory.embedder.warm_up()
             await self.projector.run()
+
+        @app.timer(interval=LAG_EVERY_S)
+        async def metrics_consumer_lag() -> None:
+            self.metrics.set_consumer_lag(self.consumer_lag())
+
+    def consumer_lag(self) -> Lag:
+        """Per assigned partition of a topic a stage consumes: its highwater minus the next
+        offset the consumer hands to a stage (the changelogs are left out). A partition whose
+        highwater is not known yet (no fetch answered) is left out too."""
+        consumer = self.app.consumer
+        consumed = {self.settings.topic(b) for stage in self.topology.stages for b in stage.inputs}
+        # the patched delivery loop (streams/faust_app.py) keeps it as the next offset to deliver;
+        # faust stores offset 0 as None
+        delivered = dict(consumer._read_offset)
+        lag = {}
+        for tp in consumer.assignment():
+            if tp.topic not in consumed:
+                continue
+            try:
+                high = consumer.highwater(tp)
+            except Exception:  # revoked since assignment() answered: it is no longer ours
+                continue
+            if high is not None:
+                base = tp.topic.removeprefix(self.settings.topic_prefix)
+                lag[(base, tp.partition)] = max(0, high - (delivered.get(tp) or 0))
+        return lag
 
     # ------------------------------------------------------------------------ generation
 
@@ -189,6 +220,7 @@ class FaustRunner:
         # under the kept key: a key near the broker's size limit would not fit beside the record
         await self.topics["dead-letter"].send(
             key=rec["key"], value=self.registry.encode("io.mnemoflow.DeadLetter", rec))
+        self.metrics.dead_lettered(reason, stage)
 
     async def _send(self, out: Emit) -> None:
         headers = None
@@ -207,6 +239,8 @@ class FaustRunner:
                 raise
             raise OutputTooLarge(f"a {out.topic} record for this input is over the broker's "
                                  f"message size limit") from exc
+        # counted once the producer took it: a record refused above is not in the topic either
+        self.metrics.emitted(out.topic, out.value)
 
     async def _agent_crashed(self, agent: Any, exc: BaseException) -> None:
         """An error outside `_guarded` (faust's own); faust restarts the agent, and past the

@@ -131,7 +131,8 @@ MAX_TEMPLATES = 10_000  # distinct message templates a RepeatFilter remembers
 @dataclass
 class Health:
     """A JSON file per worker process that says what it is doing, rewritten every few
-    seconds: `mnemoflow health` (and the console and metrics that come later) read it."""
+    seconds: `mnemoflow health` reads it. The worker adds to `extra` where its metrics server
+    listens (`metrics_port`), so operators and tests find a port the OS chose."""
 
     path: Path
     app_id: str

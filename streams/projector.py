@@ -39,6 +39,7 @@ from mnemoflow.projections.memory import Memory
 from mnemoflow.projections.partitioned import PartitionedMemory, partition_dir
 from mnemoflow.projections.snapshot import Checkpoint, FolderLock
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
+from mnemoflow.streams.metrics import Lag, WorkerMetrics
 from mnemoflow.streams.reader import topic_partitions
 
 OWNER_POLL_S = 0.01  # a per-owner barrier re-checks this often (flushes write in batches)
@@ -60,17 +61,20 @@ class MemoryProjector:
     def __init__(self, bootstrap: str, topics: dict[str, str], memory: PartitionedMemory,
                  registry: SchemaRegistry, client_kwargs: dict[str, object], *,
                  folder: Path | None = None, build: str = "", group: str | None = None,
-                 vector_meta: Any = None, checkpoint_every: int = CHECKPOINT_EVERY) -> None:
+                 vector_meta: Any = None, checkpoint_every: int = CHECKPOINT_EVERY,
+                 metrics: WorkerMetrics | None = None) -> None:
         """`topics`: the memory-log, memory-shared and memory-vectors topic names by base
         name; `folder`: where partition checkpoints go (None: none are kept);
         `vector_meta`: the vector index's meta (model, dim, version), None without vectors;
         `group`: the consumer group the offsets every sink covers are committed to (what
-        `mnemoflow eval` waits for; each worker commits the partitions it holds)."""
+        `mnemoflow eval` waits for; each worker commits the partitions it holds);
+        `metrics`: where the projection lag is published after each batch."""
         self.bootstrap, self.topics, self.memory = bootstrap, topics, memory
         self.registry, self.client_kwargs = registry, client_kwargs
         self.folder, self.build, self.vector_meta = folder, build, vector_meta
         self.checkpoint_every = checkpoint_every
         self.group = group
+        self.metrics = metrics
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
         self.projected: dict[TopicPartition, int] = {}  # next offset in every sink
         self.restoring: dict[int, int] = {}  # partition -> the log end it must reach
@@ -148,6 +152,8 @@ class MemoryProjector:
                     self.since_checkpoint[tp.partition] = (
                         self.since_checkpoint.get(tp.partition, 0) + len(msgs))
                 self._restored()
+                if self.metrics is not None:
+                    self.metrics.set_projection_lag(self.lag())
                 async with self._progress:
                     self._progress.notify_all()
                 unflushed += sum(len(m) for m in batch.values())
@@ -182,6 +188,17 @@ class MemoryProjector:
         except DecodeError as exc:
             self.skipped += 1  # the observer dead-letters at the source
             log.warning("%s@%s skipped: %s", tp, m.offset, exc)
+
+    def lag(self) -> Lag:
+        """Records of each held partition not yet applied: the end the consumer last saw (or,
+        while restoring, the end it must reach) minus the next offset to apply."""
+        out = {}
+        for tp, applied in self.applied.items():
+            seen = self._consumer.highwater(tp) if self._consumer is not None else None
+            end = max(seen or 0, self.restoring.get(tp.partition, 0)
+                      if self._base(tp) == "memory-log" else 0)
+            out[(self._base(tp), tp.partition)] = max(0, end - applied)
+        return out
 
     def _restored(self) -> None:
         for p, end in list(self.restoring.items()):

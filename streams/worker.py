@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from prometheus_client import CollectorRegistry
 
 from mnemoflow.agents.injection_rules import load_rules
 from mnemoflow.agents.partitioning import SHARED
@@ -22,7 +23,8 @@ from mnemoflow.agents.topology import Ports
 from mnemoflow.agents.tuning import Tuning, load_tuning
 from mnemoflow.projections import snapshot
 from mnemoflow.projections.array_index import ArrayIndex
-from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder, MiniLMEmbedder
+from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder
+from mnemoflow.projections.embedding_onnx import minilm_embedder
 from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned, partition_dir
 from mnemoflow.projections.vector_index import IndexMeta, IndexMismatch, VectorIndex, open_index
 from mnemoflow.projections.vector_tier import index_meta
@@ -34,6 +36,7 @@ from mnemoflow.streams.faust_runner import FaustRunner
 from mnemoflow.streams.lifecycle import (
     EXIT_FATAL,
     EXIT_PREFLIGHT,
+    STALE_AFTER_S,
     CrashLimit,
     Health,
     Watchdog,
@@ -43,6 +46,7 @@ from mnemoflow.streams.lifecycle import (
     read_health,
     stale_partitions,
 )
+from mnemoflow.streams.metrics import MetricsServer, WorkerMetrics
 from mnemoflow.streams.preflight import InternalTopic, PreflightError, worker_preflight
 from mnemoflow.streams.projector import MemoryProjector
 
@@ -116,7 +120,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     embedder = meta = index_for = None
     folder = memory_dir(settings)
     if settings.vector:
-        embedder = AsyncEmbedder(CachedEmbedder(MiniLMEmbedder()))
+        embedder = AsyncEmbedder(CachedEmbedder(minilm_embedder(settings.embedder)))
         meta = index_meta(embedder, tuning.index)
 
         def index_for(p: int, at: Path | None) -> Any:
@@ -130,14 +134,16 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
                                fault_tiers=settings.fault_tiers)
     topics = {spec.base: spec.name(settings)
               for spec in (T.MEMORY_LOG, T.MEMORY_SHARED, T.MEMORY_VECTORS)}
+    metrics = WorkerMetrics(CollectorRegistry())  # this worker's own: no process-global registry
     projector = MemoryProjector(bootstrap, topics, memory, registry, settings.client_kwargs(),
                                 folder=folder, build=checkpoint_build(memory, tuning),
-                                group=f"{settings.app_id}-projector", vector_meta=meta)
+                                group=f"{settings.app_id}-projector", vector_meta=meta,
+                                metrics=metrics)
     ports = Ports(tuning, settings.max_payload_bytes, _now_ms, tiers=memory.tiers,
                   index_version=lambda: memory.version, stores=memory.stores,
                   link_proposals=memory.link_proposals, rules=load_rules())
     runner = FaustRunner(settings, faust_app(settings, bootstrap), registry, memory, projector,
-                         ports, crashes=CrashLimit(settings.agent_max_retries))
+                         ports, crashes=CrashLimit(settings.agent_max_retries), metrics=metrics)
     runner.wire()
     return runner
 
@@ -238,6 +244,26 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
 
     health = Health(health_dir(settings.home) / f"{settings.app_id}.{os.getpid()}.json",
                     settings.app_id)
+
+    def readiness() -> tuple[str, str]:
+        """What /readyz answers: the status `mnemoflow health` would read, so a worker whose
+        loop has not refreshed its health for STALE_AFTER_S is not ready either."""
+        try:
+            age = time.time() - health.path.stat().st_mtime
+        except OSError:
+            age = float("inf")
+        if health.status == "ready" and age >= STALE_AFTER_S:
+            return "stale", f"health not refreshed for {age:.0f}s"
+        return health.status, health.detail
+
+    server = MetricsServer(pipe.metrics.registry, readiness, settings.metrics_port)
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"error: cannot serve metrics on 127.0.0.1:{settings.metrics_port}: "
+              f"{exc.strerror or exc}; set MNEMOFLOW_METRICS_PORT to a free port, or 0", flush=True)
+        return EXIT_PREFLIGHT
+    health.extra["metrics_port"] = server.port  # how `mnemoflow health --json` readers find it
     worker = _Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
     worker.watchdog = Watchdog(settings.shutdown_timeout_s)
     worker.health = health
@@ -267,6 +293,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
             print(f"error: worker crashed: {worker.crash_reason!r}", flush=True)
     finally:
         worker.watchdog.disarm()
+        server.stop()
         if not failed and pipe.crashes.fatal is None:
             health.remove()
     return EXIT_FATAL if failed or pipe.crashes.fatal else 0
