@@ -125,6 +125,8 @@ def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ran
         action, reason = "drop", "stale-retrieval"
     elif result.failed:
         action, reason = "drop", "recall-failed"
+    elif not ranked.kept and any(r.outcome == "weak" for r in ranked.ordered):
+        action, reason = "suppress", "weak"  # rank's packet floor: nothing good enough
     elif verdict.action != "allow":
         action, reason = verdict.action, verdict.reason
     elif not allowed:

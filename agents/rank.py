@@ -13,16 +13,27 @@ bonuses then use the conversation's shape: a turn gains `next_weight` times the 
 the candidate that follows it in its session (the answer to a question points back at the
 question), and `session_weight` times the sum of its session's two best relevances (a session
 about the topic holds more than one hit).
+
+Floors (absolute, so a packet can be empty when nothing is good enough; relevance above is
+relative to the best candidate and cannot say so): an item that shares no content word with
+the request and whose vector similarity is under `item_floor` is `low-relevance`, so filler
+("Noted.", "ok") never takes a place in the budget; and when no kept item reaches
+`packet_floor` in similarity or shares `packet_min_overlap` content words with the request
+(or half of them, when it has fewer than twice that many),
+every kept item becomes `weak` and no packet is made (the broker audits `suppress: weak`).
+Both floors hold only when the vector tier answered the request.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mnemoflow.agents.candidate import Candidate, scope_chain
+from mnemoflow.agents.text import content_tokens
 from mnemoflow.agents.tuning import RankTuning
 
 
@@ -30,7 +41,7 @@ from mnemoflow.agents.tuning import RankTuning
 class Ranked:
     candidate: Candidate
     activation: float
-    outcome: str  # kept | duplicate | budget | scope | expired | visible | low-relevance
+    outcome: str  # kept | duplicate | budget | scope | expired | visible | low-relevance | weak
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,27 @@ class RankResult:
     @property
     def dropped(self) -> tuple[Ranked, ...]:
         return tuple(r for r in self.ordered if r.outcome != "kept")
+
+
+@dataclass(frozen=True)
+class Support:
+    """What the request itself says for a candidate: shared content words, vector similarity."""
+
+    overlap: int
+    similarity: float
+
+
+# a transcript's speaker label ("Caroline: ..."): every turn of that speaker shares it with
+# the request, so it is no evidence that one turn is about the request
+_SPEAKER = re.compile(r"^[^:\n]{1,40}:\s")
+
+
+def terms_of(text: str) -> frozenset[str]:
+    return frozenset(content_tokens(_SPEAKER.sub("", text, count=1)))
+
+
+def support(c: Candidate, query_terms: frozenset[str]) -> Support:
+    return Support(len(query_terms & terms_of(c.text)), dict(c.tier_scores).get("vector", 0.0))
 
 
 def recency(c: Candidate, now_ms: int, half_life_ms: int) -> float:
@@ -158,6 +190,12 @@ def rank(candidates: Sequence[Candidate], request: dict[str, Any], recent_digest
     fused = structured_relevance(
         usable, fused_relevance(usable, t, tier_floors(candidates, t)), t)
     max_rel = max(fused.values(), default=0.0)
+    # the floors judge by vector similarity: without an answer of the vector tier (turned off,
+    # failed, timed out) they would drop what only the lexical or graph tier could find
+    floors = (t.item_floor > 0 or t.packet_floor > 0) and any(
+        "vector" in dict(c.tier_scores) for c in usable)
+    terms = terms_of(request["text"]) if floors else frozenset()
+    backing = {c.memory_id: support(c, terms) for c in usable} if floors else {}
     pre: list[Ranked] = []
     for c in candidates:
         rel = fused.get(c.memory_id, 0.0)
@@ -165,6 +203,10 @@ def rank(candidates: Sequence[Candidate], request: dict[str, Any], recent_digest
         outcome = why[c.memory_id]
         if not outcome and max_rel > 0 and rel / max_rel < t.min_relevance:
             outcome = "low-relevance"
+        if not outcome and floors and t.item_floor > 0:
+            b = backing[c.memory_id]
+            if b.overlap == 0 and b.similarity < t.item_floor:
+                outcome = "low-relevance"
         pre.append(Ranked(c, a, outcome))
     pre.sort(key=lambda r: (-r.activation, r.candidate.memory_id))
     out: list[Ranked] = []
@@ -186,4 +228,12 @@ def rank(candidates: Sequence[Candidate], request: dict[str, Any], recent_digest
             used += size
             kept += 1
             out.append(Ranked(r.candidate, r.activation, "kept"))
+    # a short request ("what is my locker code?") cannot share many words with anything
+    enough = min(t.packet_min_overlap, max(1, math.ceil(len(terms) / 2)))
+    if floors and t.packet_floor > 0 and not any(
+            backing[r.candidate.memory_id].similarity >= t.packet_floor
+            or backing[r.candidate.memory_id].overlap >= enough
+            for r in out if r.outcome == "kept"):
+        out = [Ranked(r.candidate, r.activation, "weak") if r.outcome == "kept" else r
+               for r in out]
     return RankResult(tuple(out))

@@ -44,6 +44,10 @@ class RankTuning:
     recency_half_life_ms: int = 30 * 24 * 3600 * 1000
     time_window_bonus: float = 0.3
     min_relevance: float = 0.05
+    # absolute floors (see agents/rank.py); 0 turns each off
+    item_floor: float = 0.0
+    packet_floor: float = 0.0
+    packet_min_overlap: int = 2
     budget_bytes: int = 2048
     max_items: int = 6
     audit_candidates: int = 25

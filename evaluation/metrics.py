@@ -85,8 +85,12 @@ def per_question(bench: Benchmark, log: ReplayLog, data: TopicData,
             "packet_bytes": sum(len(it["text"].encode()) for it in items),
             "has_turn_evidence": bool(q.evidence_turns),
         }
+        row["packet_rate"] = 1.0 if items else 0.0  # a packet was claimed for the question
         if q.evidence_turns:
             row["packet_turn_recall"] = len(q.evidence_turns & delivered) / len(q.evidence_turns)
+            if items:  # the share of the claimed items that are evidence
+                row["packet_precision"] = sum(
+                    host_provenance(it["provenance"]) in q.evidence_turns for it in items) / len(items)
         if q.evidence_sessions:
             ds = {session_of(p) for p in delivered}
             row["packet_session_recall_any"] = float(bool(q.evidence_sessions & ds))

@@ -145,3 +145,58 @@ def test_a_short_tier_list_scales_from_zero_and_the_message_itself_sets_no_scale
     res = rank([echo, *cands], q, [], "v", full_lists)
     outcome = {r.candidate.memory_id: r.outcome for r in res.ordered}
     assert outcome == {"q": "visible", "a": "kept", "b": "low-relevance"}
+
+
+def _vec(c, sim: float, lexical: float | None = None):
+    """The candidate as the vector tier found it, with this cosine similarity (and as the
+    lexical tier found it, with this BM25 score)."""
+    scores = (("vector", sim),) if lexical is None else (("lexical", lexical), ("vector", sim))
+    return replace(c, tiers=tuple(t for t, _ in scores), tier_scores=scores)
+
+
+FLOORS = replace(TUNING, item_floor=0.35, packet_floor=0.5, packet_min_overlap=3, max_items=2)
+
+
+def test_filler_never_takes_a_place_in_the_budget() -> None:
+    """No shared word and a low similarity: low-relevance, and the next candidate is kept."""
+    q = request("How should I roll out the new Atlas release?")
+    # the filler ranks first: a lexical hit through the previous turn it is indexed with
+    # (IndexTuning.context_weight), which the floor's word check, on its own text, does not see
+    cands = [_vec(candidate("filler", "Assistant: Noted.", 3.0), 0.2, lexical=9.0),
+             _vec(candidate("gate", "Atlas goes out blue-green with a manual gate", 2.0), 0.62),
+             _vec(candidate("notes", "release notes as five bullets", 1.0), 0.3)]
+    outcome = {r.candidate.memory_id: r.outcome for r in rank(cands, q, [], "v", FLOORS).ordered}
+    assert outcome == {"filler": "low-relevance", "gate": "kept", "notes": "kept"}
+    # without floors the filler, ranked first, fills a place
+    outcome = {r.candidate.memory_id: r.outcome
+               for r in rank(cands, q, [], "v", replace(FLOORS, item_floor=0.0,
+                                                        packet_floor=0.0)).ordered}
+    assert outcome["filler"] == "kept" and outcome["notes"] == "budget"
+
+
+def test_a_packet_of_weak_items_is_not_made() -> None:
+    """Kept items that neither reach the packet floor nor share enough words: all weak."""
+    q = request("Who is the release manager for Atlas?")
+    cands = [_vec(candidate("a", "Maya: the staging cluster is kestrel", 2.0), 0.4),
+             _vec(candidate("b", "Maya: Atlas alerts go to Slack", 1.0), 0.45)]
+    res = rank(cands, q, [], "v", FLOORS)
+    assert [r.outcome for r in res.ordered] == ["weak", "weak"] and not res.kept
+    # one strong item is enough for the packet, and keeps the weaker one beside it
+    strong = [cands[0], _vec(candidate("c", "Maya: Priya is the release manager", 1.5), 0.71)]
+    assert {r.outcome for r in rank(strong, q, [], "v", FLOORS).ordered} == {"kept"}
+
+
+def test_a_speaker_label_is_not_a_shared_word() -> None:
+    """'Maya:' opens the request and every memory of hers: it says nothing about either."""
+    q = request("Maya: what did we say about deploys?")
+    c = _vec(candidate("x", "Maya: I bought new running shoes", 1.0), 0.1)
+    assert rank([c], q, [], "v", FLOORS).ordered[0].outcome == "low-relevance"
+    shared = _vec(candidate("y", "Maya: deploys go out on Tuesdays", 1.0), 0.1)
+    assert rank([shared], q, [], "v", replace(FLOORS, packet_floor=0.0)).ordered[0].outcome == "kept"
+
+
+def test_the_floors_hold_only_when_the_vector_tier_answered() -> None:
+    """Lexical hits alone (vector tier off or failed) have no similarity to judge by."""
+    q = request("Who is the release manager for Atlas?")
+    lexical_only = [candidate("a", "Maya: the staging cluster is kestrel", 2.0)]
+    assert rank(lexical_only, q, [], "v", FLOORS).ordered[0].outcome == "kept"

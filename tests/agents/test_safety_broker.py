@@ -121,3 +121,20 @@ def test_capability_never_from_model_name() -> None:
 
 def test_rank_result_empty() -> None:
     assert RankResult(()).kept == ()
+
+
+def test_weak_items_make_no_packet_and_the_audit_says_why() -> None:
+    from dataclasses import replace
+
+    from mnemoflow.agents.recall import RecallResult as Result
+
+    req = request("Who is the release manager for Atlas?")
+    weak = replace(candidate("w", "Maya: the staging cluster is kestrel"),
+                   tiers=("vector",), tier_scores=(("vector", 0.4),))
+    t = replace(TUNING, item_floor=0.35, packet_floor=0.5, packet_min_overlap=3)
+    ranked = rank([weak], req, [], "v", t)
+    _, out = build(BrokerState(), req, Result((weak,), {"vector": "ok"}), ranked,
+                   check(ranked.kept, req), "v", "v", t)
+    assert out.inbox_op is None
+    assert (out.audit["action"], out.audit["reason"]) == ("suppress", "weak")
+    assert [c["outcome"] for c in out.audit["candidates"]] == ["weak"]
