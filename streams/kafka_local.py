@@ -28,7 +28,9 @@ from mnemoflow.streams.config import REPO_ROOT, Settings
 DEPLOY_DIR = REPO_ROOT / "deploy" / "kafka"
 LIB_DIR = DEPLOY_DIR / "lib"
 MVN_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
-HEAP = "-Xmx512m"
+# the heap grows with the partitions the broker holds: a test run makes thousands (every test
+# its own topics), and a broker kept up for a day of them (about 15k) ran out of 512 MiB
+HEAP = "-Xmx1g"
 T = TypeVar("T")
 
 
