@@ -1,14 +1,18 @@
 """The faust App the worker runs: stock faust, with the consumer changes at-least-once needs.
 
 A record delivered twice is harmless (every stage's outputs have deterministic ids); a record
-counted as read that never reached its stream is lost. So in faust's delivery loop
-(`_Consumer._drain_messages`) a record counts as read only once it was delivered; a record
-whose partition's next offset is unknown, or that was fetched in an older consumer generation,
-is fetched again instead of delivered (a stream would ack it unseen); an offset gap, which our
-topics never have, is sought back to unless the broker's log starts after it; and seeks run on
-the consumer's thread, beside the fetcher they would otherwise race. A partition that was never
-committed starts at its log start, as `auto_offset_reset="earliest"` says, and faust is given
-that offset as the next one.
+counted as read that never reached its stream, or a changelog record that never reached table
+recovery, is lost. So in faust's delivery loop (`_Consumer._drain_messages`) a record counts as
+read only once it was delivered. A record that cannot be delivered now (the flow stopped, a
+rebalance came between its fetch and its delivery, its partition was paused meanwhile, or a
+stream partition's next offset is unknown) is fetched again: its partition is sought back to
+it, unless the partition was sought since that fetch, for that seek says where to read. An
+offset gap, which our topics never have, is sought back to unless the broker's log starts
+after it; and seeks run on the consumer's thread, beside the fetcher they would otherwise
+race. A partition that was never committed starts at its log start, as
+`auto_offset_reset="earliest"` says, and faust is given that offset as the next one. A record
+that a stream skips unseen across a rebalance is not acked, and a commit never passes a record
+missing at the head of what was acked.
 
 aiokafka's `prefetch_backoff` is cut from 100 to 5 ms: one consumer reads every agent's topics
 from the broker, and no fetch is sent while any partition still holds buffered records younger
@@ -21,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, cast
 
 import faust
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as driver
@@ -49,6 +54,29 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
         worker's preflight has already checked both counts."""
         return super().topic_partitions(topic) or None
 
+    async def _fetch_records(self, consumer: AIOKafkaConsumer, active_partitions: Any,
+                             timeout: float | None = None,
+                             max_records: int | None = None) -> Any:
+        records = await super()._fetch_records(consumer, active_partitions, timeout=timeout,
+                                               max_records=max_records)
+        # on this thread, before any seek can run: where the batch left each partition
+        self.fetched_to = {tp: _position(consumer, tp) for tp in records}
+        return records
+
+    async def refetch(self, tp: Any, offset: int) -> bool:
+        """Seek `tp` back to `offset`, a record of the last batch that was not delivered,
+        unless the partition was sought since that batch (by a rebalance, table recovery):
+        then that seek says where to read, and seeking back would undo it."""
+        return bool(await self.call_thread(self._refetch, tp, offset))
+
+    async def _refetch(self, tp: Any, offset: int) -> bool:
+        consumer = self._ensure_consumer()
+        at = _position(consumer, tp)
+        if at is None or at != getattr(self, "fetched_to", {}).get(tp):
+            return False
+        consumer.seek(tp, offset)
+        return True
+
     async def seek_to_committed(self) -> Mapping[Any, int]:
         return await self.call_thread(self._seek_to_committed_or_beginning)
 
@@ -64,7 +92,39 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
         return committed
 
 
+def _position(consumer: AIOKafkaConsumer, tp: Any) -> int | None:
+    """The consumer's next fetch offset for `tp`, None when it is not assigned or has no
+    position; read without waiting (aiokafka's `position()` waits for one)."""
+    subscriptions = consumer._subscription
+    if tp not in subscriptions.assigned_partitions():
+        return None
+    tp_state = subscriptions.subscription.assignment.state_value(tp)
+    return tp_state._position if tp_state is not None else None
+
+
 class _Consumer(driver.Consumer):
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[Any, Any]]:
+        """faust's, without its filter: every record fetched is handed to `_drain_messages`,
+        marked with the generation current when the fetch returned, and that loop fetches
+        again whatever it does not deliver. faust drops such records here and seeks back only
+        to committed offsets, which changelog partitions do not have."""
+        records, _ = await self._wait_next_records(timeout)
+        if records is None or self.should_stop:
+            return
+        generation = self.app.consumer_generation_id
+        for tp, record in self.scheduler.iterate(records):
+            self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+            message = self._to_message(tp, record)
+            message.generation_id = generation
+            yield tp, message
+
+    def _deliverable(self, tp: Any, message: Any) -> bool:
+        """Whether a stream or table recovery may take it now: the flow runs, the record was
+        fetched in this generation, and its partition is still being read."""
+        return (self.flow_active
+                and message.generation_id == self.app.consumer_generation_id
+                and (tp in self._get_active_partitions() or tp in self._buffered_partitions))
+
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -74,6 +134,13 @@ class _Consumer(driver.Consumer):
         thread = self._thread
         try:
             await thread.call_thread(thread.seek, partition, offset)
+        except IllegalStateError:
+            pass  # revoked meanwhile: its next owner seeks it to the committed offset
+
+    async def _refetch(self, tp: Any, offset: int) -> None:
+        thread = self._thread
+        try:
+            await thread.refetch(tp, offset)
         except IllegalStateError:
             pass  # revoked meanwhile: its next owner seeks it to the committed offset
 
@@ -88,6 +155,23 @@ class _Consumer(driver.Consumer):
         thread = self._thread
         starts = await thread.call_thread(thread._ensure_consumer().beginning_offsets, [tp])
         return bool(starts.get(tp, 0) > offset)
+
+    def ack(self, message: Any) -> bool:
+        """A record a stream skipped unseen (delivered before a rebalance, taken from its
+        queue after it) reaches here untracked: it is not done, so it is not acked, and the
+        seek to the committed offset after the rebalance fetches it again."""
+        if not message.tracked:
+            return False
+        return bool(super().ack(message))
+
+    def _new_offset(self, tp: Any) -> int | None:
+        """faust's own check lets one missing record at the head pass (min(acked) - committed
+        > 1, where committed is already the next offset) and none at all when the committed
+        offset is 0 or unknown; a record missing at the head holds the commit back here."""
+        acked = self._acked[tp]
+        if acked and min(acked) > (self._committed_offset[tp] or 0):
+            return None
+        return cast(int | None, super()._new_offset(tp))
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in faust
         """faust's loop (faust/transport/consumer.py), changed as the module docstring says."""
@@ -115,18 +199,18 @@ class _Consumer(driver.Consumer):
                         num_since_yield = 0
                     offset, expected = message.offset, read_offset.get(tp)
                     acking = acks_enabled_for(tp.topic)
-                    if acking and (expected is None
-                                   or message.generation_id != self.app.consumer_generation_id):
-                        # a rebalance is under way: the position is unknown until its seek, or
-                        # the record was fetched before it (a stream skips such a record and
-                        # acks it unseen). Fetch it again, from here, until that seek is done.
+                    if not self._deliverable(tp, message) or (acking and expected is None):
+                        # a rebalance is under way (a stream would skip the record and ack it
+                        # unseen; table recovery would wait for it forever), its partition was
+                        # paused meanwhile, or a stream partition's position is unknown until
+                        # the rebalance's seek: fetch it again, from here
                         now = time.monotonic()
                         if now - waited.get(tp, 0.0) > UNSETTLED_LOG_S:
                             waited[tp] = now
                             self.log.info("holding %r at %r: next offset %r, generation %r/%r",
                                           tp, offset, expected, message.generation_id,
                                           self.app.consumer_generation_id)
-                        await self._seek(tp, offset)
+                        await self._refetch(tp, offset)
                         resync.add(tp)
                         unsettled = True
                         continue
@@ -154,7 +238,12 @@ class _Consumer(driver.Consumer):
                     delivery = self.callback(message)
                     res = await self.wait_first(delivery, self.suspend_flow.wait())
                     if delivery not in res.done:
-                        break  # not delivered: the seek after the rebalance fetches it again
+                        # the flow stopped mid-delivery; the check above does the same for the
+                        # rest of the batch
+                        await self._refetch(tp, offset)
+                        resync.add(tp)
+                        unsettled = True
+                        continue
                     read_offset[tp] = offset + 1
                 self.diag.unset_flag(CONSUMER_FETCHING)
                 if unsettled:
