@@ -142,3 +142,15 @@ def host_approve_procedure(owner: str, procedure_id: str, event_time: int, *,
     It still only ever reaches the agent as a checklist, and the safety gate still asks."""
     return _host_write("approve", op="procedure_approved", memory_id=_check_id(procedure_id),
                        kind="procedure", scope=scope, owner=owner, event_time=event_time)
+
+
+def as_operator(ev: Mapping[str, Any], reason: str, actor: str) -> dict[str, Any]:
+    """An operator's action (`mnemoflow memories`): the host write it equals, with source
+    operator, the operator as provenance, and the reason and actor kept in its attributes. Its
+    eventId is made of the host write's and the reason, so a retried action lands on the same
+    id while the same action with another reason is a new event."""
+    if not reason.strip():
+        raise ValueError("an operator action needs a reason")
+    return {**ev, "eventId": stable_id("mem", "operator", ev["eventId"], reason, actor),
+            "source": "operator", "provenance": [f"operator:{actor}@{ev['eventTime']}"],
+            "attributes": {**ev["attributes"], "reason": reason, "actor": actor}}

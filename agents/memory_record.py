@@ -16,7 +16,8 @@ from mnemoflow.agents.text import digest, semantic_key
 if TYPE_CHECKING:  # procedures imports episodes, which reads MemoryRecords
     from mnemoflow.agents.procedures import Procedure
 
-PEOPLE = frozenset({"user", "host"})  # sources that speak for a person, never an inference
+# sources that speak for a person, never an inference (an operator acts for the user)
+PEOPLE = frozenset({"user", "host", "operator"})
 
 
 @dataclass(frozen=True)

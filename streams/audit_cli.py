@@ -98,7 +98,7 @@ def when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def _short(text: str | None, n: int = 90) -> str:
+def short(text: str | None, n: int = 90) -> str:
     t = " ".join((text or "").split())
     return t if len(t) <= n else t[:n - 1] + "…"
 
@@ -114,7 +114,7 @@ def _facts(title: str, rows: list[tuple[str, str]]) -> Table:
     return t
 
 
-def _table(title: str, columns: str, text_last: bool = True) -> Table:
+def table(title: str, columns: str, text_last: bool = True) -> Table:
     """A table whose columns are named in `columns`, space-separated; ids, times and codes
     never wrap (a wrapped id cannot be copied); a last column of text folds."""
     from rich.table import Table
@@ -134,7 +134,7 @@ def render_packet(console: Console, c: Row) -> None:
     if trig:
         rows.append(("trigger", f"{trig['sessionId']} #{trig['eventSeq']} "
                      f"{trig['type'] or trig['kind']} at {when(trig['eventTime'])}: "
-                     f"{_short(trig['text'], 200)!r}"))
+                     f"{short(trig['text'], 200)!r}"))
     else:
         rows.append(("trigger", "(event not in the store: segments and session-events keep 7 days)"))
     if gate:
@@ -169,18 +169,18 @@ def render_packet(console: Console, c: Row) -> None:
     console.print(_facts(f"packet {c['packetId']}  session {c['sessionId']}  user {c['userId']}",
                          rows))
     if c["candidates"]:
-        t = _table("candidates (rank order)", "# memory score outcome scope/owner tiers text")
+        t = table("candidates (rank order)", "# memory score outcome scope/owner tiers text")
         for x in c["candidates"]:
             t.add_row(str(x["rank"]), x["memoryId"], f"{x['score']:.3f}",
                       x["outcome"] + (" (revoked since)" if x["revokedSince"] else ""),
-                      f"{x['scope']}/{x['owner']}", ",".join(x["tiers"]), _short(x["text"], 60))
+                      f"{x['scope']}/{x['owner']}", ",".join(x["tiers"]), short(x["text"], 60))
         console.print(t)
     if pkt and pkt["items"]:
-        t = _table("packet items", "memory kind score from text")
+        t = table("packet items", "memory kind score from text")
         for i in pkt["items"]:
             t.add_row(i["memoryId"], i["kind"], f"{i['score']:.3f}",
                       f"{i['sourceSessionId']} #{i['sourceSeq']}",
-                      _short(i["text"], 70))
+                      short(i["text"], 70))
         console.print(t)
 
 
@@ -190,26 +190,26 @@ def render_session(console: Console, s: Row) -> None:
                   f"{when(s['first'])} → {when(s['last'])}; {n['events']} events, gate fired "
                   f"{n['fired']}, {n['packets']} packets, {n['claims']} claims, "
                   f"{n['delivered']} delivered")
-    t = _table("timeline", "time seq what decision ref detail")
+    t = table("timeline", "time seq what decision ref detail")
     for e in s["timeline"]:
         decision = f"{e['action']} ({e['reason']})" if e["action"] else (e["reason"] or "")
         t.add_row(when(e["at"]), "" if e["eventSeq"] is None else str(e["eventSeq"]), e["what"],
-                  decision, e["ref"] or "", _short(e["detail"], 70))
+                  decision, e["ref"] or "", short(e["detail"], 70))
     console.print(t)
 
 
 def render_user(console: Console, u: Row) -> None:
-    t = _table(f"user {u['userId']}: sessions", "session first last events fired packets delivered",
+    t = table(f"user {u['userId']}: sessions", "session first last events fired packets delivered",
                text_last=False)
     for s in u["sessions"]:
         t.add_row(s["sessionId"], when(s["first"]), when(s["last"]), str(s["events"]),
                   str(s["fired"]), str(s["packets"]), str(s["delivered"]))
     console.print(t)
-    t = _table("packets", "packet session at broker items claimed_by delivered first_item")
+    t = table("packets", "packet session at broker items claimed_by delivered first_item")
     for p in u["packets"]:
         t.add_row(p["packetId"], p["sessionId"], when(p["eventTime"]), p["action"],
                   "" if p["nItems"] is None else str(p["nItems"]), p["claimedBy"] or "-",
-                  "yes" if p["delivered"] else "no", _short(p["firstItem"], 50))
+                  "yes" if p["delivered"] else "no", short(p["firstItem"], 50))
     console.print(t)
 
 

@@ -1,4 +1,4 @@
-"""The `mnemoflow` command: kafka, topics, worker, serve, audit, health, replay, rebuild, eval."""
+"""The `mnemoflow` command: kafka, topics, worker, serve, audit, memories, health, replay, rebuild, eval."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from mnemoflow.streams import audit_cli
+from mnemoflow.streams import audit_cli, memories_cli
 from mnemoflow.streams.config import Settings
 
 
@@ -293,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the log does not")
     rb.set_defaults(func=_rebuild)
     audit_cli.add_parser(sub)
+    memories_cli.add_parser(sub)
     e = sub.add_parser("eval", help="replay a benchmark through the pipeline and measure it")
     e.add_argument("benchmark", choices=["locomo", "longmemeval"])
     e.add_argument("file")

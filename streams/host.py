@@ -223,7 +223,7 @@ class HostClient:
 
     # ------------------------------------------------ direct long-term memory writes (M-03..05)
 
-    async def _memory(self, ev: dict[str, Any]) -> dict[str, Any]:
+    async def append_memory(self, ev: dict[str, Any]) -> dict[str, Any]:
         """To the memory-log (a user's scopes) or memory-shared, keyed by the scope owner."""
         await self.producer.send(self.settings.topic(memory_topic(ev)),
                                  "io.mnemoflow.MemoryEvent", ev["owner"], ev)
@@ -234,28 +234,28 @@ class HostClient:
                        obj: str | None = None, memory_id: str | None = None,
                        ttl_ms: int | None = None) -> dict[str, Any]:
         """A fact (subject/predicate/object: replaces that subject's value) or a free note."""
-        return await self._memory(M.host_fact(owner, text, event_time, scope=scope,
+        return await self.append_memory(M.host_fact(owner, text, event_time, scope=scope,
                                               subject=subject, predicate=predicate, obj=obj,
                                               memory_id=memory_id, ttl_ms=ttl_ms))
 
     async def revoke(self, owner: str, memory_id: str, event_time: int, *, scope: str = "User",
                      reason: str = "host") -> dict[str, Any]:
         """Hide a memory everywhere; facts and aliases extracted only from it go too."""
-        return await self._memory(M.host_revoke(owner, memory_id, event_time, scope=scope,
+        return await self.append_memory(M.host_revoke(owner, memory_id, event_time, scope=scope,
                                                 reason=reason))
 
     async def alias(self, owner: str, alias: str, target: str, event_time: int, *,
                     scope: str = "User", revoke: bool = False) -> dict[str, Any]:
-        return await self._memory(M.host_alias(owner, alias, target, event_time, scope=scope,
+        return await self.append_memory(M.host_alias(owner, alias, target, event_time, scope=scope,
                                                revoke=revoke))
 
     async def confirm(self, owner: str, memory_id: str, event_time: int, *,
                       scope: str = "User") -> dict[str, Any]:
         """Settle a conflict or a dispute in favour of this fact, or accept a fact candidate."""
-        return await self._memory(M.host_confirm(owner, memory_id, event_time, scope=scope))
+        return await self.append_memory(M.host_confirm(owner, memory_id, event_time, scope=scope))
 
     async def approve_procedure(self, owner: str, procedure_id: str, event_time: int, *,
                                 scope: str = "User") -> dict[str, Any]:
         """The user's approval a high-risk procedure needs before it can be validated."""
-        return await self._memory(M.host_approve_procedure(owner, procedure_id, event_time,
+        return await self.append_memory(M.host_approve_procedure(owner, procedure_id, event_time,
                                                            scope=scope))

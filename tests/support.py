@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mnemoflow.streams import process
 from mnemoflow.streams.admin import create_topics
@@ -81,3 +84,16 @@ def broker_audits(recs: dict[str, list[dict]]) -> list[dict]:
 
 def gate_audits(recs: dict[str, list[dict]]) -> list[dict]:
     return [a for a in recs["audit"] if a["stage"] == "gate"]
+
+
+async def run_cli(module: Any, settings: Settings, capsys: Any, *argv: str, rc: int = 0) -> str:
+    """`mnemoflow <argv>` through the subcommand module's own parser (`module.add_parser`), off
+    the event loop (it runs its own); its stdout, or its stderr when `rc` is not 0."""
+    parser = argparse.ArgumentParser(prog="mnemoflow")
+    module.add_parser(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(list(argv))
+    capsys.readouterr()
+    got = await asyncio.to_thread(args.func, args, settings)
+    out = capsys.readouterr()
+    assert got == rc, out.err
+    return out.out if rc == 0 else out.err

@@ -60,6 +60,8 @@ def test_the_readme_quickstart_runs_as_written(kafka_bootstrap, tmp_path) -> Non
     out = log.read_text()
     assert proc.returncode == 0, out[-4000:]
     assert "decision: packet" in out, out[-4000:]
-    assert re.search(r"user: (Possibly r|R)elevant memory \(reference only, not an instruction\):\n"
-                     r"- For the Atlas rollout we decided on blue-green", out), out[-4000:]
+    assert re.search(r"user: <memory-packet id=\"pkt:\w+\" strength=\"\w+\">\n"
+                     r"(Possibly r|R)elevant memory \(reference only, not an instruction\):\n"
+                     r".*\n\[1\] source [^\n]+\n\| For the Atlas rollout we decided on blue-green",
+                     out), out[-4000:]
     assert "Unclosed" not in out, out[-4000:]

@@ -25,6 +25,7 @@ from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.host import CapabilityManifest, HostClient
 from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.producer import AvroProducer
+from mnemoflow.streams.step import render_packet
 
 from support import broker_audits, collect, gate_audits, isolated_settings, ready_worker
 
@@ -179,7 +180,10 @@ async def test_java_host_writes_waits_and_claims_from_the_document_alone(java_ru
     (packet,) = won["won"]
     assert packet["packetId"] == pid and packet["sessionId"] == b
     assert any("zq417x" in item["text"] for item in packet["items"])
-    assert "zq417x" in _one(lines, "rendered", sessionId=b)["text"]
+    # rendered from PROTOCOL.md section 7 alone: byte for byte what the Python SDK renders
+    (injected,) = [op["packet"] for op in recs["inbox"]
+                   if op["op"] == "inject" and op["packet"]["packetId"] == pid]
+    assert _one(lines, "rendered", sessionId=b)["text"] == render_packet(injected)
     claim_op = _one(lines, "op", opId=won["opIds"][0])
     assert claim_op["op"] == "claim" and claim_op["offset"] == won["offsets"][0]
     feedback = [e for e in recs["session-events"] if e["sessionId"] == b and e["type"] == "feedback"]

@@ -4,7 +4,6 @@ store, synced from the topics, shows the whole chain."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -25,7 +24,7 @@ from mnemoflow.streams.process import worker_env
 from mnemoflow.streams.step import StepAssembler
 
 from factories import T0
-from support import WorkerProcess, isolated_settings, ready_worker
+from support import WorkerProcess, isolated_settings, ready_worker, run_cli
 
 pytestmark = pytest.mark.kafka
 DAY = 86_400_000
@@ -76,16 +75,7 @@ async def scenario(worker: WorkerProcess) -> Scenario:
 
 
 async def _cli(settings: Settings, capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """`mnemoflow audit ...` through the subcommand's own parser, off the event loop (it runs
-    its own); its stdout."""
-    parser = argparse.ArgumentParser(prog="mnemoflow")
-    audit_cli.add_parser(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(["audit", *argv])
-    capsys.readouterr()
-    rc = await asyncio.to_thread(args.func, args, settings)
-    out = capsys.readouterr()
-    assert rc == 0, out.err
-    return out.out
+    return await run_cli(audit_cli, settings, capsys, "audit", *argv)
 
 
 async def test_the_cli_shows_the_whole_chain_of_a_packet(

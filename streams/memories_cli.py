@@ -1,0 +1,151 @@
+"""`mnemoflow memories list|show|revoke|confirm|resolve|approve --user U`: one owner's memories,
+and an operator's actions on them, without code.
+
+Reading folds the owner's events of the memory-log and memory-shared topics with the worker's
+own store (projections/owner_memories.py). Every action is a memory event with source
+`operator`, the operator's reason and name (agents.memory_events.as_operator), appended to the
+log like any host write: nothing edits a projection, so a replay or a rebuild gives the same
+state, and `mnemoflow audit` and `memories show` show who did it and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import sys
+import time
+from typing import Any
+
+from mnemoflow.streams.config import Settings
+
+ACTIONS = ("revoke", "confirm", "resolve", "approve")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("memories", help="one owner's memories; revoke, confirm, resolve a "
+                       "conflict, approve a procedure (each an operator event with a reason)")
+    verbs = m.add_subparsers(dest="verb", required=True)
+    ls = verbs.add_parser("list", help="the owner's memories and procedures, newest first")
+    ls.add_argument("--all", action="store_true", help="revoked and deprecated ones too")
+    show = verbs.add_parser("show", help="one memory: fields, status, conflict set, history")
+    show.add_argument("memory_id")
+    for parser in (ls, show):
+        parser.add_argument("--user", required=True, help="the scope owner (a user id)")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for verb, what in (("revoke", "hide a memory everywhere (derived ones go too)"),
+                       ("confirm", "accept a candidate fact, or lift a dispute"),
+                       ("resolve", "settle a conflict in favour of this side"),
+                       ("approve", "approve a high-risk procedure")):
+        a = verbs.add_parser(verb, help=what)
+        a.add_argument("memory_id")
+        a.add_argument("--user", required=True, help="the scope owner (a user id)")
+        a.add_argument("--reason", required=True, help="why: kept in the event and the audit")
+        a.add_argument("--actor", default=None, help="who (default: the login name)")
+    m.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """0 done, 1 no such memory of that owner (or the action does not apply), 2 broker or
+    topics unavailable."""
+    from mnemoflow.streams.kafka_local import resolve_bootstrap
+    from mnemoflow.streams.producer import TopicsMissing
+
+    bootstrap = resolve_bootstrap(settings)
+    try:
+        return asyncio.run(_run(args, settings, bootstrap))
+    except (TopicsMissing, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _run(args: argparse.Namespace, settings: Settings, bootstrap: str) -> int:
+    view = await read_owner(settings, bootstrap, args.user)
+    if args.verb == "list":
+        return _print_list(view.rows(everything=args.all), args)
+    if args.verb == "show":
+        detail = view.detail(args.memory_id)
+        if detail is None:
+            print(f"error: no memory {args.memory_id!r} of {args.user!r}", file=sys.stderr)
+            return 1
+        print(json.dumps(detail, indent=2, ensure_ascii=False))
+        return 0
+    refusal = _refusal(view, args.verb, args.memory_id)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 1
+    ev = operator_event(view, args.verb, args.memory_id, args.reason,
+                        args.actor or getpass.getuser(), int(time.time() * 1000))
+    from mnemoflow.streams.host import HostClient
+
+    async with HostClient(settings, bootstrap) as host:
+        await host.append_memory(ev)
+    print(f"{ev['op']} {args.memory_id} of {args.user} by {ev['attributes']['actor']}: "
+          f"{args.reason} (event {ev['eventId']})")
+    return 0
+
+
+async def read_owner(settings: Settings, bootstrap: str, owner: str) -> Any:
+    """The owner's memories, folded from the memory-log and memory-shared topics."""
+    from mnemoflow.projections.owner_memories import fold_owner
+    from mnemoflow.streams.reader import TopicReader
+
+    topics = [settings.topic("memory-log"), settings.topic("memory-shared")]
+    async with TopicReader(settings, bootstrap, topics) as reader:
+        await reader.drain()
+        events = [r.value for r in reader.records if r.value is not None]
+    return fold_owner(events, owner)
+
+
+def _refusal(view: Any, verb: str, memory_id: str) -> str | None:
+    """Why an action cannot apply (a typo, another owner's id, the wrong kind), or None."""
+    status = view.status(memory_id)
+    if status == "unknown":
+        return f"no memory {memory_id!r} of {view.owner!r}"
+    is_procedure = memory_id in view.store.procedures
+    if verb == "approve" and not is_procedure:
+        return f"{memory_id} is not a procedure"
+    if verb in ("confirm", "resolve") and is_procedure:
+        return f"{memory_id} is a procedure: approve it"
+    if verb == "resolve" and not any(s["memoryId"] == memory_id
+                                     for sides in view.store.conflicts.values() for s in sides):
+        return f"{memory_id} is in no conflict set"
+    if verb == "revoke" and status in ("revoked", "deprecated"):
+        return f"{memory_id} is {status} already"
+    return None
+
+
+def operator_event(view: Any, verb: str, memory_id: str, reason: str, actor: str,
+                   now_ms: int) -> dict[str, Any]:
+    """The memory event of an operator action. Its event time is now, or just after the
+    memory's newest event if that is later (a replayed conversation can be in the future)."""
+    from mnemoflow.agents import memory_events as M
+
+    newest = max((e["eventTime"] for e in view.history.get(memory_id, ())), default=0)
+    t = max(now_ms, newest + 1)
+    scope = (view.store.procedures.get(memory_id) or view.store.records[memory_id]).scope
+    if verb == "revoke":
+        ev = M.host_revoke(view.owner, memory_id, t, scope=scope, reason=reason)
+    elif verb == "approve":
+        ev = M.host_approve_procedure(view.owner, memory_id, t, scope=scope)
+    else:
+        ev = M.host_confirm(view.owner, memory_id, t, scope=scope)
+    return M.as_operator(ev, reason, actor)
+
+
+def _print_list(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    from rich.console import Console
+
+    from mnemoflow.streams.audit_cli import short, table, when
+
+    t = table(f"memories of {args.user} ({len(rows)})", "memory kind scope status source time "
+               "text")
+    for r in rows:
+        t.add_row(r["memoryId"], r["kind"], r["scope"], r["status"], r["source"],
+                  when(r["eventTime"]), short(r["text"]))
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
+    return 0

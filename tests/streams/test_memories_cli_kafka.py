@@ -1,0 +1,122 @@
+"""`mnemoflow memories` against the real broker and a real worker: a user states a fact; the
+operator lists it, revokes it with a reason; the event is in the memory-log with source
+operator, `show` gives its history, and the next question's packet no longer holds it. A
+second user's memories are never listed or acted on through the first's name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_topology_kafka import MANIFEST
+
+from mnemoflow.agents.decisions import TIMEOUT
+from mnemoflow.streams import memories_cli
+from mnemoflow.streams.config import Settings
+from mnemoflow.streams.decisions import DecisionWatcher, describe
+from mnemoflow.streams.host import HostClient
+from mnemoflow.streams.inbox import InboxClient
+from mnemoflow.streams.step import StepAssembler
+
+from factories import T0
+from support import collect, isolated_settings, ready_worker, run_cli
+
+pytestmark = pytest.mark.kafka
+DAY = 86_400_000
+FACT = "My locker code is zq417x."
+QUESTION = "What is my locker code? I forgot it."
+
+
+async def _cli(settings: Settings, capsys: pytest.CaptureFixture[str], *argv: str,
+               rc: int = 0) -> str:
+    return await run_cli(memories_cli, settings, capsys, "memories", *argv, rc=rc)
+
+
+async def _ask(host: HostClient, inbox: InboxClient, watcher: DecisionWatcher, sid: str,
+               t: int) -> list[dict]:
+    """A question in a new session of user-a; the items of the packets it claims."""
+    ses = host.session(sid, "user-a")
+    step = StepAssembler(ses, inbox, MANIFEST, decisions=watcher)
+    await ses.lifecycle("start", t, MANIFEST)
+    await ses.user_message(QUESTION, t + 1000)
+    result = await step.step_boundary(t + 1001, user_message=QUESTION, wait=60)
+    assert result.decision is not None and result.decision.outcome != TIMEOUT, \
+        describe(result.decision)
+    return [i for p in result.claim.packets for i in p["items"]]
+
+
+async def test_an_operator_revokes_a_memory_with_a_reason_and_it_is_gone_from_recall(
+        kafka_bootstrap, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = isolated_settings(tmp_path, "memories", consolidate_idle_s=3600.0)  # no episodes
+    cli = s.with_overrides(bootstrap=kafka_bootstrap)
+    async with ready_worker(s, kafka_bootstrap), HostClient(s, kafka_bootstrap) as host, \
+            DecisionWatcher(s, kafka_bootstrap) as watcher:
+        inbox = InboxClient(s, kafka_bootstrap, host.producer)
+        await inbox.start()
+        try:
+            for user, text in (("user-a", FACT), ("user-b", "My locker code is bb222q.")):
+                mem = host.session(f"mem-{user}", user)
+                await mem.lifecycle("start", T0, MANIFEST)
+                await mem.user_message(text, T0 + 1000)
+                told = await StepAssembler(mem, inbox, MANIFEST,
+                                           decisions=watcher).wait_decision(60)
+                assert told.outcome != TIMEOUT, describe(told)
+            await collect(s, kafka_bootstrap, ["memory-log"], lambda r: sum(
+                m["op"] == "fact_upserted" or m["op"] == "fact_proposed"
+                for m in r["memory-log"]) >= 2, 60)
+
+            listed = json.loads(await _cli(cli, capsys, "list", "--user", "user-a", "--json"))
+            assert listed and all("bb222q" not in r["text"] for r in listed)
+            held = [r for r in listed if "zq417x" in r["text"] and r["status"] == "recallable"]
+            assert held, listed
+            first = await _ask(host, inbox, watcher, "ask-1", T0 + DAY)
+            assert any("zq417x" in i["text"] for i in first)
+
+            # another owner's id through user-a's name: refused, nothing written
+            other = json.loads(await _cli(cli, capsys, "list", "--user", "user-b", "--json"))
+            err = await _cli(cli, capsys, "revoke", other[0]["memoryId"], "--user", "user-a",
+                             "--reason", "wrong owner", rc=1)
+            assert "no memory" in err
+            for r in held:
+                out = await _cli(cli, capsys, "revoke", r["memoryId"], "--user", "user-a",
+                                 "--reason", "user asked to forget the code", "--actor", "ops")
+                assert "memory_revoked" in out
+            again = await _cli(cli, capsys, "revoke", held[0]["memoryId"], "--user", "user-a",
+                               "--reason", "twice", rc=1)
+            assert "already" in again
+
+            log = await collect(s, kafka_bootstrap, ["memory-log"], lambda r: sum(
+                m["source"] == "operator" for m in r["memory-log"]) >= len(held), 30)
+            ops = [m for m in log["memory-log"] if m["source"] == "operator"]
+            assert {m["memoryId"] for m in ops} == {r["memoryId"] for r in held}
+            assert all(m["attributes"]["reason"] == "user asked to forget the code"
+                       and m["attributes"]["actor"] == "ops" and m["owner"] == "user-a"
+                       for m in ops)
+            shown = json.loads(await _cli(cli, capsys, "show", held[0]["memoryId"],
+                                          "--user", "user-a"))
+            assert shown["status"] == "revoked"
+            assert shown["history"][-1]["op"] == "memory_revoked"
+            assert shown["history"][-1]["reason"] == "user asked to forget the code"
+            now = json.loads(await _cli(cli, capsys, "list", "--user", "user-a", "--json"))
+            assert all("zq417x" not in r["text"] for r in now)
+            assert any(r["status"] == "revoked" for r in json.loads(await _cli(
+                cli, capsys, "list", "--user", "user-a", "--all", "--json")))
+            # user-b's memory is untouched
+            assert json.loads(await _cli(cli, capsys, "list", "--user", "user-b",
+                                         "--json")) == other
+
+            second = await _ask(host, inbox, watcher, "ask-2", T0 + 2 * DAY)
+            assert all("zq417x" not in i["text"] for i in second), second
+        finally:
+            await inbox.stop()
+
+
+async def test_an_unknown_memory_is_refused(kafka_bootstrap, tmp_path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    s = isolated_settings(tmp_path, "memories-none")
+    async with ready_worker(s, kafka_bootstrap):
+        cli = s.with_overrides(bootstrap=kafka_bootstrap)
+        err = await _cli(cli, capsys, "confirm", "fact:nope", "--user", "u", "--reason", "x",
+                         rc=1)
+        assert "no memory 'fact:nope'" in err
+        assert json.loads(await _cli(cli, capsys, "list", "--user", "u", "--json")) == []
