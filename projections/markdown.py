@@ -14,8 +14,11 @@ a person's text in it) when it holds that owner's records only; where a memory i
 the file at its owner's current place wins over a stale copy.
 
 Only the block between the mnemoflow markers is generated; anything a person writes outside
-it is kept byte for byte. Each generated line carries its full record in an HTML comment, so
-the memory-log records can be recovered from the Markdown files alone (`events_from_markdown`).
+it is kept byte for byte. In the block a memory is one plain line (its text) in its section;
+the full records follow at the end of the block, one HTML comment line each, so that the
+memory-log records can be recovered from the Markdown files alone (`events_from_markdown`)
+while a person reads only the text. Files of earlier versions, whose lines carry their record
+inline, are still read.
 `<` and `>` are escaped in every generated line, so no memory text or owner id can end the
 block or pass for a record line. Writes are atomic (temp file, then rename), so a crash never
 leaves half a file. One owner whose file cannot be written stays pending and is retried after
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 BEGIN = "<!-- mnemoflow:begin (generated from the memory-log; write outside this block) -->"
 END = "<!-- mnemoflow:end -->"
 MARK = "<!-- mf "
+RECORDS = "<!-- mnemoflow:records (each memory in full, for a restore; not for reading) -->"
 TITLE = "## mnemoflow memory: "
 SECTIONS = (("fact", "Facts"), ("procedure", "Procedures"), ("episode", "Episodes"),
             ("segment", "Conversation log"))
@@ -121,7 +125,10 @@ def _meta_json(meta: dict[str, Any]) -> str:
 
 
 def render_block(records: list[MemoryRecord], title: str) -> str:
+    """The generated block: a line a person reads per memory, by section; then, at the end,
+    the machine records, one HTML comment per memory (hidden where Markdown is rendered)."""
     lines = [BEGIN, f"{TITLE}{_safe(title)}", ""]
+    shown_records: list[MemoryRecord] = []
     for kind, heading in SECTIONS:
         rows = sorted((r for r in records if r.kind == kind and not r.revoked),
                       key=lambda r: (r.event_time, r.memory_id))
@@ -129,8 +136,12 @@ def render_block(records: list[MemoryRecord], title: str) -> str:
             continue
         lines += [f"### {heading}", ""]
         for r in rows:
-            shown = _safe(" ".join(r.text.split())[:200])
-            lines.append(f"- {shown} {MARK}{_meta_json(_meta(r))} -->")
+            lines.append(f"- {_safe(' '.join(r.text.split())[:200])}")
+        lines.append("")
+        shown_records += rows
+    if shown_records:
+        lines.append(RECORDS)
+        lines += [f"{MARK}{_meta_json(_meta(r))} -->" for r in shown_records]
         lines.append("")
     lines.append(END)
     return "\n".join(lines)

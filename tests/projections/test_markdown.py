@@ -16,6 +16,7 @@ from mnemoflow.agents.observer import ObserverState, observe
 from mnemoflow.projections.markdown import (
     BEGIN,
     END,
+    RECORDS,
     MarkdownSink,
     events_from_markdown,
     folder_name,
@@ -260,3 +261,20 @@ def test_a_procedure_comes_back_observed_and_earns_its_stages_again(tmp_path) ->
     again = _store(*events_from_markdown(tmp_path))
     assert again.procedures[p.procedure_id].steps == p.steps
     assert not again.recallable(p.procedure_id)  # MEMORY.md has no account of its runs
+
+
+def test_the_lines_people_read_hold_no_machine_metadata(tmp_path) -> None:
+    evs = [_note("alice", "prefers blue-green releases", mid="m1"),
+           _note("alice", "the release manager is Priya", mid="m2", t=T0 + 1)]
+    path = write_owner(tmp_path, _store(*evs), "User", "alice")
+    path.write_text("# Alice\nmy own notes\n\n" + path.read_text())
+    block = path.read_text().split(BEGIN, 1)[1].split(END, 1)[0].split("\n")
+    records_at = block.index(RECORDS)
+    readable = [line for line in block[:records_at] if line.startswith("- ")]
+    assert readable == ["- prefers blue-green releases", "- the release manager is Priya"]
+    assert not any("<!--" in line for line in block[:records_at])
+    assert [line.startswith("<!-- mf ") for line in block[records_at + 1:] if line] == [True] * 2
+    # the records restore the log; a person's text outside the block stays
+    assert [e["memoryId"] for e in events_from_markdown(tmp_path)] == ["m1", "m2"]
+    write_owner(tmp_path, _store(*evs), "User", "alice")
+    assert path.read_text().startswith("# Alice\nmy own notes\n\n")
