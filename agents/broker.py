@@ -111,7 +111,7 @@ def audit_candidates(ranked: RankResult, safety_reason: dict[str, str],
 
 def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ranked: RankResult,
           verdict: SafetyVerdict, retrieval_version: str, current_version: str,
-          t: RankTuning) -> tuple[BrokerState, BrokerOutput]:
+          t: RankTuning, memory_off: bool = False) -> tuple[BrokerState, BrokerOutput]:
     """Decide the packet for one recall request and the audit record that explains it.
     (A redelivered request never gets here: `respond` re-emits its first answer.)"""
     now = request["eventTime"]
@@ -119,7 +119,9 @@ def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ran
     safety_reason = {v.ranked.candidate.memory_id: v.reason for v in verdict.items}
     audit_cands = audit_candidates(ranked, safety_reason, t)
     allowed = verdict.allowed
-    if request["contextVersion"] < state.latest_cv:
+    if memory_off:
+        action, reason = "suppress", "disabled"  # an operator switched the memory off
+    elif request["contextVersion"] < state.latest_cv:
         action, reason = "drop", "stale-context"
     elif retrieval_version != current_version:
         action, reason = "drop", "stale-retrieval"

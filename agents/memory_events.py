@@ -154,3 +154,15 @@ def as_operator(ev: Mapping[str, Any], reason: str, actor: str) -> dict[str, Any
     return {**ev, "eventId": stable_id("mem", "operator", ev["eventId"], reason, actor),
             "source": "operator", "provenance": [f"operator:{actor}@{ev['eventTime']}"],
             "attributes": {**ev["attributes"], "reason": reason, "actor": actor}}
+
+
+def memory_switch(user: str, off: bool, event_time: int, *, session: str = "") -> dict[str, Any]:
+    """`memory_disabled` / `memory_enabled` for a user, or for one of the user's sessions
+    (agents.controls): keyed by the user, so it sits in the user's memory-log partition. An
+    operator's action: pass it through `as_operator`."""
+    op = "memory_disabled" if off else "memory_enabled"
+    return memory_event(
+        event_id=stable_id("mem", "switch", user, session, op, event_time), op=op,
+        memory_id=stable_id("control", user, session), kind="control", scope="User",
+        owner=user, event_time=event_time, session_id=session,
+        attributes={"session": session} if session else {})

@@ -12,8 +12,8 @@ from typing import Any
 
 from mnemoflow.agents.broker import BrokerOutput, BrokerState, build
 from mnemoflow.agents.injection_rules import RuleSet
-from mnemoflow.agents.rank import rank
-from mnemoflow.agents.recall import TierSpec, recall
+from mnemoflow.agents.rank import RankResult, rank
+from mnemoflow.agents.recall import RecallResult, TierSpec, recall
 from mnemoflow.agents.safety import check
 from mnemoflow.agents.tuning import RankTuning
 
@@ -29,13 +29,18 @@ class Projection:
 
 async def respond(state: BrokerState, request: dict[str, Any], tiers: Sequence[TierSpec],
                   projection: Projection, index_version: Callable[[], str],
-                  t: RankTuning, rules: RuleSet | None = None
+                  t: RankTuning, rules: RuleSet | None = None, memory_off: bool = False
                   ) -> tuple[BrokerState, BrokerOutput]:
     """The packet and audit for one request. A redelivered request re-emits exactly what its
-    first pass emitted, without recalling again."""
+    first pass emitted, without recalling again. With the memory switched off for the
+    request's user or session (agents.controls) nothing is recalled: `suppress: disabled`."""
     again = state.replayed(request["requestId"])
     if again is not None:
         return state, BrokerOutput(again[0], again[1], replayed=True)
+    if memory_off:
+        nothing = RankResult(())
+        return build(state, request, RecallResult(()), nothing, check((), request, rules),
+                     projection.version, index_version(), t, memory_off=True)
     result = await recall(request, tiers, t.recall_k)
     if not projection.caught_up:
         result.tiers["projection"] = projection.lag

@@ -173,8 +173,11 @@ async def recall_step(ports: Ports, state: BrokerState,
     """C-04..C-06 and G-03: recall, rank, check and build a packet, or explain why not."""
     req = record.value
     projection = record.projection or Projection(ports.index_version(), True)
+    # the user's switches are in the store of the user's partition, which this worker holds
+    off = any(store.controls.off(req["userId"], req["sessionId"], int(req["eventTime"]))
+              for store in ports.stores())
     new, out = await respond(state, req, ports.tiers, projection, ports.index_version,
-                             ports.tuning.rank, ports.rules)
+                             ports.tuning.rank, ports.rules, memory_off=off)
     emits: list[Output] = []
     if out.inbox_op is not None:
         emits.append(Emit("inbox", req["sessionId"], out.inbox_op))

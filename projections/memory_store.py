@@ -29,6 +29,7 @@ from mnemoflow.agents import procedures as P
 from mnemoflow.agents import revocation as R
 from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.consolidate import episode_of
+from mnemoflow.agents.controls import CONTROL_OPS, Controls
 from mnemoflow.agents.ids import RecentIds
 from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
 from mnemoflow.agents.memory_events import REVOKE_OPS
@@ -84,6 +85,8 @@ class MemoryStore:
         # segments whose context changed because the turn before them was revoked, in fold
         # order: the vector projection re-embeds them
         self.relinked: list[str] = []
+        # memory off and on, per user and per session (operator switches, by event time)
+        self.controls = Controls()
 
     @property
     def version(self) -> str:
@@ -103,7 +106,9 @@ class MemoryStore:
         return target is None or target.owner == ev["owner"]
 
     def apply(self, ev: dict[str, Any]) -> bool:
-        """Fold one memory-log event; returns False for an event already applied."""
+        """Fold one memory-log event; returns False for an event already applied, or one
+        written while its owner's memory was off (agents.controls): the sinks (vectors,
+        graph, MEMORY.md) are offered neither."""
         eid = ev["eventId"]
         if self.has_event(eid):
             return False
@@ -114,6 +119,11 @@ class MemoryStore:
         self.applied_count += 1
         self.latest_event_time = max(self.latest_event_time, int(ev["eventTime"]))
         op, mid = ev["op"], ev["memoryId"]
+        if op in CONTROL_OPS:
+            self.controls.apply(ev)
+            return True
+        if self.controls.drops(ev):
+            return False  # written while its owner's memory was off: no projection takes it
         if op in ACTS_ON_EXISTING and not self._owns(ev):
             return True  # another owner's memory: applied, and it changes nothing
         if op in ("link_added", "link_revoked"):

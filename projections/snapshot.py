@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2  # 2: the store holds the memory switches (agents.controls)
 FILE = "checkpoint.pickle"
 
 

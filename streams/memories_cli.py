@@ -1,5 +1,5 @@
-"""`mnemoflow memories list|show|revoke|confirm|resolve|approve --user U`: one owner's memories,
-and an operator's actions on them, without code.
+"""`mnemoflow memories list|show|status|revoke|confirm|resolve|approve|disable|enable --user U`:
+one owner's memories, and an operator's actions on them, without code.
 
 Reading folds the owner's events of the memory-log and memory-shared topics with the worker's
 own store (projections/owner_memories.py). Every action is a memory event with source
@@ -31,7 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--all", action="store_true", help="revoked and deprecated ones too")
     show = verbs.add_parser("show", help="one memory: fields, status, conflict set, history")
     show.add_argument("memory_id")
-    for parser in (ls, show):
+    status = verbs.add_parser("status", help="the user's memory switches, and whether memory "
+                              "is on now")
+    for parser in (ls, show, status):
         parser.add_argument("--user", required=True, help="the scope owner (a user id)")
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for verb, what in (("revoke", "hide a memory everywhere (derived ones go too)"),
@@ -41,6 +43,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         a = verbs.add_parser(verb, help=what)
         a.add_argument("memory_id")
         a.add_argument("--user", required=True, help="the scope owner (a user id)")
+        a.add_argument("--reason", required=True, help="why: kept in the event and the audit")
+        a.add_argument("--actor", default=None, help="who (default: the login name)")
+    for verb, what in (("disable", "memory off for the user (or one session): no packets, "
+                        "nothing new stored, until enabled"),
+                       ("enable", "memory on again for the user (or one session)")):
+        a = verbs.add_parser(verb, help=what)
+        a.add_argument("--user", required=True, help="the user id")
+        a.add_argument("--session", default="", help="only this session of the user")
+        a.add_argument("--at", type=int, default=None,
+                       help="event time in ms from which it holds (default: now)")
         a.add_argument("--reason", required=True, help="why: kept in the event and the audit")
         a.add_argument("--actor", default=None, help="who (default: the login name)")
     m.set_defaults(func=run)
@@ -64,6 +76,14 @@ async def _run(args: argparse.Namespace, settings: Settings, bootstrap: str) -> 
     view = await read_owner(settings, bootstrap, args.user)
     if args.verb == "list":
         return _print_list(view.rows(everything=args.all), args)
+    if args.verb == "status":
+        now = int(time.time() * 1000)
+        print(json.dumps({"user": args.user, "memory": "off" if view.store.controls.off(
+            args.user, "", now) else "on", "switches": view.store.controls.state(args.user)},
+            indent=2))
+        return 0
+    if args.verb in ("disable", "enable"):
+        return await _switch(view, args, settings, bootstrap)
     if args.verb == "show":
         detail = view.detail(args.memory_id)
         if detail is None:
@@ -83,6 +103,26 @@ async def _run(args: argparse.Namespace, settings: Settings, bootstrap: str) -> 
         await host.append_memory(ev)
     print(f"{ev['op']} {args.memory_id} of {args.user} by {ev['attributes']['actor']}: "
           f"{args.reason} (event {ev['eventId']})")
+    return 0
+
+
+async def _switch(view: Any, args: argparse.Namespace, settings: Settings,
+                  bootstrap: str) -> int:
+    from mnemoflow.agents import memory_events as M
+    from mnemoflow.streams.host import HostClient
+
+    off = args.verb == "disable"
+    t = args.at
+    if t is None:  # now, and after the switch it follows (a replayed history can be ahead)
+        switched = view.store.controls.switches.get((args.user, args.session), [])
+        t = max([int(time.time() * 1000)] + [when + 1 for when, _, _ in switched])
+    ev = M.as_operator(M.memory_switch(args.user, off, t, session=args.session), args.reason,
+                       args.actor or getpass.getuser())
+    async with HostClient(settings, bootstrap) as host:
+        await host.append_memory(ev)
+    what = f"session {args.session} of {args.user}" if args.session else args.user
+    print(f"memory {'off' if off else 'on'} for {what} from {t} by "
+          f"{ev['attributes']['actor']}: {args.reason} (event {ev['eventId']})")
     return 0
 
 

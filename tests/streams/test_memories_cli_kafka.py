@@ -19,7 +19,7 @@ from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.step import StepAssembler
 
 from factories import T0
-from support import collect, isolated_settings, ready_worker, run_cli
+from support import collect, isolated_settings, prepare_topics, ready_worker, run_cli
 
 pytestmark = pytest.mark.kafka
 DAY = 86_400_000
@@ -120,3 +120,68 @@ async def test_an_unknown_memory_is_refused(kafka_bootstrap, tmp_path,
                          rc=1)
         assert "no memory 'fact:nope'" in err
         assert json.loads(await _cli(cli, capsys, "list", "--user", "u", "--json")) == []
+
+
+async def test_memory_switched_off_gives_no_packets_stores_nothing_and_survives_a_restart(
+        kafka_bootstrap, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Off from an event time: a question gets `suppress: disabled`, a fact told meanwhile is
+    never stored; a new worker process (state from the log) still has it off; on again, the
+    memory from before comes back and the one told while off never does."""
+    s = isolated_settings(tmp_path, "switch", consolidate_idle_s=3600.0)
+    cli = s.with_overrides(bootstrap=kafka_bootstrap)
+    off_at, on_at = T0 + DAY, T0 + 3 * DAY
+
+    async def broker_reason(sid: str) -> str:
+        recs = await collect(s, kafka_bootstrap, ["audit"], lambda r: any(
+            a["sessionId"] == sid and a["stage"] == "broker" for a in r["audit"]), 60)
+        (a,) = [a for a in recs["audit"] if a["sessionId"] == sid and a["stage"] == "broker"]
+        return f"{a['action']}: {a['reason']}"
+
+    await prepare_topics(s, kafka_bootstrap)
+    async with HostClient(s, kafka_bootstrap) as host:
+        inbox = InboxClient(s, kafka_bootstrap, host.producer)
+        async with ready_worker(s, kafka_bootstrap), DecisionWatcher(s, kafka_bootstrap) as w:
+            await inbox.start()
+            try:
+                mem = host.session("mem-1", "user-a")
+                await mem.lifecycle("start", T0, MANIFEST)
+                await mem.user_message(FACT, T0 + 1000)
+                assert (await StepAssembler(mem, inbox, MANIFEST, decisions=w)
+                        .wait_decision(60)).outcome != TIMEOUT
+                out = await _cli(cli, capsys, "disable", "--user", "user-a", "--at", str(off_at),
+                                 "--reason", "user paused memory", "--actor", "ops")
+                assert "memory off for user-a" in out
+                assert await _ask(host, inbox, w, "ask-off-1", off_at + 10) == []
+                assert await broker_reason("ask-off-1") == "suppress: disabled"
+                told = host.session("mem-2", "user-a")  # while off: never stored
+                await told.lifecycle("start", off_at + 100, MANIFEST)
+                await told.user_message("My bike lock code is dd444w.", off_at + 1100)
+                await StepAssembler(told, inbox, MANIFEST, decisions=w).wait_decision(60)
+            finally:
+                await inbox.stop()
+        inbox = InboxClient(s, kafka_bootstrap, host.producer)  # the host restarts too
+        async with ready_worker(s, kafka_bootstrap), DecisionWatcher(s, kafka_bootstrap) as w:
+            await inbox.start()
+            try:
+                assert await _ask(host, inbox, w, "ask-off-2", off_at + DAY) == []
+                assert await broker_reason("ask-off-2") == "suppress: disabled"
+                status = json.loads(await _cli(cli, capsys, "status", "--user", "user-a"))
+                assert [x["memory"] for x in status["switches"]] == ["off"]
+                await _cli(cli, capsys, "enable", "--user", "user-a", "--at", str(on_at),
+                           "--reason", "user resumed", "--actor", "ops")
+                items = await _ask(host, inbox, w, "ask-on", on_at + 10)
+                assert any("zq417x" in i["text"] for i in items), items
+                assert all("dd444w" not in i["text"] for i in items)
+                listed = json.loads(await _cli(cli, capsys, "list", "--user", "user-a",
+                                               "--json"))
+                assert any("zq417x" in r["text"] for r in listed)
+                assert all("dd444w" not in r["text"] for r in listed)
+            finally:
+                await inbox.stop()
+    log = await collect(s, kafka_bootstrap, ["memory-log"], lambda r: True, 30)
+    switches = [(m["op"], m["eventTime"], m["attributes"]["reason"]) for m in log["memory-log"]
+                if m["kind"] == "control"]
+    assert switches == [("memory_disabled", off_at, "user paused memory"),
+                        ("memory_enabled", on_at, "user resumed")]
+    # the log keeps what the observer wrote while memory was off; no projection takes it
+    assert any("dd444w" in m["text"] for m in log["memory-log"])
