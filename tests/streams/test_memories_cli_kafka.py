@@ -6,6 +6,8 @@ second user's memories are never listed or acted on through the first's name."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from test_topology_kafka import MANIFEST
@@ -19,7 +21,15 @@ from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.step import StepAssembler
 
 from factories import T0
-from support import collect, isolated_settings, prepare_topics, ready_worker, run_cli
+from support import (
+    broker_audits,
+    collect,
+    isolated_settings,
+    prepare_topics,
+    ready_worker,
+    run_cli,
+    worker_env,
+)
 
 pytestmark = pytest.mark.kafka
 DAY = 86_400_000
@@ -126,7 +136,8 @@ async def test_memory_switched_off_gives_no_packets_stores_nothing_and_survives_
         kafka_bootstrap, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     """Off from an event time: a question gets `suppress: disabled`, a fact told meanwhile is
     never stored; a new worker process (state from the log) still has it off; on again, the
-    memory from before comes back and the one told while off never does."""
+    memory from before comes back and the one told while off never does; a replay decides
+    every question as the first pass did."""
     s = isolated_settings(tmp_path, "switch", consolidate_idle_s=3600.0)
     cli = s.with_overrides(bootstrap=kafka_bootstrap)
     off_at, on_at = T0 + DAY, T0 + 3 * DAY
@@ -178,6 +189,21 @@ async def test_memory_switched_off_gives_no_packets_stores_nothing_and_survives_
                 assert all("dd444w" not in r["text"] for r in listed)
             finally:
                 await inbox.stop()
+    # a replay (offsets and state reset, every record again) decides every question the same
+    asks = ("ask-off-1", "ask-off-2", "ask-on")
+    out = subprocess.run([sys.executable, "-m", "mnemoflow.streams.cli", "replay",
+                          "--to-earliest"], env=worker_env(s, kafka_bootstrap),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    async with ready_worker(s, kafka_bootstrap):
+        both = await collect(s, kafka_bootstrap, ["audit"], lambda r: all(
+            sum(a["sessionId"] == sid for a in broker_audits(r)) >= 2 for sid in asks), 120)
+    decided = {sid: [(a["action"], a["reason"], a["packetId"]) for a in broker_audits(both)
+                     if a["sessionId"] == sid] for sid in asks}
+    assert all(len(d) == 2 and d[0] == d[1] for d in decided.values()), decided
+    assert [decided[sid][0][:2] for sid in asks] == [
+        ("suppress", "disabled"), ("suppress", "disabled"), ("inject", decided["ask-on"][0][1])]
+
     log = await collect(s, kafka_bootstrap, ["memory-log"], lambda r: True, 30)
     switches = [(m["op"], m["eventTime"], m["attributes"]["reason"]) for m in log["memory-log"]
                 if m["kind"] == "control"]
