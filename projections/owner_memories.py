@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnemoflow.agents import facts as F
 from mnemoflow.projections.memory_store import MemoryStore
 
 Row = dict[str, Any]
@@ -41,15 +42,17 @@ class OwnerMemories:
             return "conflict"
         return "recallable" if self.store.recallable(memory_id) else "hidden"
 
+    def conflict(self, memory_id: str) -> tuple[F.FactKey, F.Sides] | None:
+        """The conflict set that holds the memory (the store's own lookup), if any."""
+        key = F.conflict_of(self.store.conflicts, memory_id)
+        return None if key is None else (key, self.store.conflicts[key])
+
     def _in_open_conflict(self, memory_id: str) -> bool:
         """In a conflict set where another side is still live: nobody has settled it."""
-        for sides in self.store.conflicts.values():
-            ids = {s["memoryId"] for s in sides}
-            if memory_id in ids and any(
-                    (r := self.store.records.get(m)) is not None and not r.revoked
-                    for m in ids - {memory_id}):
-                return True
-        return False
+        found = self.conflict(memory_id)
+        return found is not None and any(
+            (r := self.store.records.get(s["memoryId"])) is not None and not r.revoked
+            for s in found[1] if s["memoryId"] != memory_id)
 
     def rows(self, everything: bool = False) -> list[Row]:
         """A line per memory and procedure, newest first; revoked ones only with `everything`."""
@@ -85,9 +88,9 @@ class OwnerMemories:
             stated = [e for e in self.history.get(memory_id, ()) if e.get("subject")]
             if stated:
                 out.update({k: stated[-1].get(k) for k in ("subject", "predicate", "object")})
-            for key, sides in self.store.conflicts.items():
-                if any(s["memoryId"] == memory_id for s in sides):
-                    out["conflict"] = {"slot": list(key), "sides": [dict(s) for s in sides]}
+            found = self.conflict(memory_id)
+            if found is not None:
+                out["conflict"] = {"slot": list(found[0]), "sides": [dict(s) for s in found[1]]}
         if proc is not None:
             out.update(kind="procedure", scope=proc.scope, text=proc.intent,
                        steps=list(proc.steps), risk=proc.risk_level,

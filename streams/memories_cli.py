@@ -148,8 +148,7 @@ def _refusal(view: Any, verb: str, memory_id: str) -> str | None:
         return f"{memory_id} is not a procedure"
     if verb in ("confirm", "resolve") and is_procedure:
         return f"{memory_id} is a procedure: approve it"
-    if verb == "resolve" and not any(s["memoryId"] == memory_id
-                                     for sides in view.store.conflicts.values() for s in sides):
+    if verb == "resolve" and view.conflict(memory_id) is None:
         return f"{memory_id} is in no conflict set"
     if verb == "revoke" and status in ("revoked", "deprecated"):
         return f"{memory_id} is {status} already"

@@ -131,3 +131,13 @@ def tiny_bench() -> Any:
           Question("u/q1", "u", "What class did Ben start?", t0 + 10 * day + 60_000, "1",
                    frozenset({"D2:1"}), frozenset({"D2"}))]
     return Benchmark("locomo", [s1, s2, other], qs)
+
+
+def locker_code(owner: str, value: str, t: int) -> dict[str, Any]:
+    """A user's statement of their locker code: the same slot each time, so a second value
+    opens a conflict set with the first (not a host correction, which would replace it)."""
+    from mnemoflow.agents import memory_events as M
+
+    ev = M.host_fact(owner, f"locker code is {value}", t, subject="locker code", predicate="is",
+                     obj=value)
+    return {**ev, "source": "user", "attributes": {**ev["attributes"], "correction": "0"}}

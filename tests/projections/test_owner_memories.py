@@ -7,15 +7,7 @@ import pytest
 from mnemoflow.agents import memory_events as M
 from mnemoflow.projections.owner_memories import fold_owner
 
-from factories import T0
-
-
-def _code(owner: str, value: str, t: int, correction: bool = False) -> dict:
-    ev = M.host_fact(owner, f"locker code is {value}", t, subject="locker code",
-                     predicate="is", obj=value)
-    if not correction:
-        ev = {**ev, "source": "user", "attributes": {**ev["attributes"], "correction": "0"}}
-    return ev
+from factories import T0, locker_code
 
 
 def test_only_the_owners_memories_are_folded_and_listed() -> None:
@@ -53,7 +45,7 @@ def test_operator_event_ids_are_stable_per_action_and_reason() -> None:
 
 
 def test_an_operator_resolves_a_conflict_for_one_side() -> None:
-    old, new = _code("alice", "zq417x", T0), _code("alice", "kk555m", T0 + 10)
+    old, new = locker_code("alice", "zq417x", T0), locker_code("alice", "kk555m", T0 + 10)
     view = fold_owner([old, new], "alice")
     assert view.status(new["memoryId"]) == "conflict"
     assert [s["memoryId"] for s in view.detail(new["memoryId"])["conflict"]["sides"]] == [
