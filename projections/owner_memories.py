@@ -55,22 +55,15 @@ class OwnerMemories:
             for s in found[1] if s["memoryId"] != memory_id)
 
     def rows(self, everything: bool = False) -> list[Row]:
-        """A line per memory and procedure, newest first; revoked ones only with `everything`."""
+        """A line per memory, procedures included (the store keeps a record of each), newest
+        first; revoked memories and deprecated procedures only with `everything`."""
         out: list[Row] = []
         for mid, rec in self.store.records.items():
             status = self.status(mid)
-            if status == "revoked" and not everything:
+            if status in ("revoked", "deprecated") and not everything:
                 continue
             out.append({"memoryId": mid, "kind": rec.kind, "scope": rec.scope, "status": status,
                         "source": rec.source, "eventTime": rec.event_time, "text": rec.text})
-        for mid, proc in self.store.procedures.items():
-            if proc.stage == "deprecated" and not everything:
-                continue
-            out.append({"memoryId": mid, "kind": "procedure", "scope": proc.scope,
-                        "status": proc.stage, "source": "inference",
-                        "eventTime": max((e["eventTime"] for e in self.history.get(mid, ())),
-                                         default=0),
-                        "text": proc.intent or "; ".join(proc.steps)})
         return sorted(out, key=lambda r: (-r["eventTime"], r["memoryId"]))
 
     def detail(self, memory_id: str) -> Row | None:

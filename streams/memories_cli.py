@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                               "is on now")
     for parser in (ls, show, status):
         parser.add_argument("--user", required=True, help="the scope owner (a user id)")
-        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    # show and status always print JSON; only the list has a table
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for verb, what in (("revoke", "hide a memory everywhere (derived ones go too)"),
                        ("confirm", "accept a candidate fact, or lift a dispute"),
                        ("resolve", "settle a conflict in favour of this side"),

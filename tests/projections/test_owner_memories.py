@@ -67,3 +67,30 @@ def test_an_operator_approval_counts_as_a_persons() -> None:
     assert PF.step(proc, approve, lambda _: False).approved
     inferred = {**approve, "source": "inference"}
     assert PF.step(proc, inferred, lambda _: False) is None
+
+
+def test_a_procedure_is_listed_once_and_a_deprecated_one_only_with_everything() -> None:
+    from mnemoflow.agents.consolidate import QUIET_MS, consolidate
+    from mnemoflow.projections.memory_store import MemoryStore
+
+    from factories import observe_log, tool_run
+
+    runs = [x for i in range(3) for x in tool_run(f"p{i}", T0 + i * 3_600_000,
+                                                  [("build", "ok"), ("test", "ok")],
+                                                  intent="ship the docs")]
+    log = observe_log(runs)
+    store = MemoryStore()
+    for ev in log:
+        store.apply(ev)
+    log += consolidate(store, store.latest_event_time + QUIET_MS)
+    view = fold_owner(log, "u1")
+    (pid,) = view.store.procedures
+    listed = [r for r in view.rows() if r["memoryId"] == pid]
+    assert [(r["kind"], r["status"]) for r in listed] == [("procedure", view.status(pid))]
+    gone = M.as_operator(M.host_revoke("u1", pid, store.latest_event_time + QUIET_MS + 1),
+                         "wrong steps", "ops")
+    view = fold_owner([*log, gone], "u1")
+    assert view.status(pid) == "deprecated"
+    assert pid not in {r["memoryId"] for r in view.rows()}
+    assert [r["status"] for r in view.rows(everything=True) if r["memoryId"] == pid] == [
+        "deprecated"]
