@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MNEMO := $(BIN)/mnemoflow
 
-.PHONY: test demo venv lint kafka-up kafka-down bench clean
+.PHONY: test demo venv lint browser kafka-up kafka-down bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,8 +27,16 @@ kafka-up: venv
 kafka-down:
 	-@test -x $(MNEMO) && $(MNEMO) kafka down || true
 
+# The console's browser test drives Debian's Chromium and ChromeDriver: installed here when
+# missing (as root, or through sudo).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  as=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$as apt-get update -q && DEBIAN_FRONTEND=noninteractive $$as apt-get install -y -q \
+	    chromium chromium-driver; }
+
 # The broker is stopped whatever pytest returns; the exit code is pytest's.
-test: lint
+test: lint browser
 	$(MNEMO) kafka up
 	@bs=$$($(MNEMO) kafka status | sed -n 's/.* at //p'); \
 	  KAFKA_BOOTSTRAP=$$bs $(BIN)/pytest -q -ra --durations=15 tests; rc=$$?; \

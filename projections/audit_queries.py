@@ -280,8 +280,9 @@ def session_timeline(store: AuditStore, session_id: str) -> Row | None:
 
 
 def user_view(store: AuditStore, user_id: str) -> Row | None:
-    """A user's sessions (first and last event time, counts) and packets (with claim and
-    delivery); None if the store knows nothing of the user."""
+    """A user's sessions (first and last event time, counts), packets (with claim and
+    delivery) and the operators' actions on the user's memories; None if the store knows
+    nothing of the user's sessions."""
     segs = _where(store, "segments", "user_id", user_id, "session_id, event_seq, event_time")
     evs = _where(store, "events", "user_id", user_id,
                  "session_id, event_seq, event_time, feedback_kind, feedback_ref")
@@ -323,4 +324,35 @@ def user_view(store: AuditStore, user_id: str) -> Row | None:
     return {"userId": user_id,
             "sessions": [_camel(s) for s in sorted(sessions.values(),
                                                    key=lambda s: (s["first"], s["session_id"]))],
-            "packets": out}
+            "packets": out, "operatorActions": operator_actions(store, user_id)}
+
+
+def recent_sessions(store: AuditStore, limit: int = 50) -> list[Row]:
+    """The sessions with the newest events first (every input event has a segment): user,
+    first and last event time, events, and the gate's fired decisions."""
+    rows = store.rows("""
+        SELECT session_id, any_value(user_id) AS user_id, min(event_time) AS first,
+               max(event_time) AS last, count(*) AS events
+        FROM segments GROUP BY session_id ORDER BY last DESC, session_id LIMIT ?""", [limit])
+    return [_camel(r) for r in rows]
+
+
+def operator_actions(store: AuditStore, owner: str) -> list[Row]:
+    """What operators did to the owner's memories (source operator: the action, its reason
+    and who), newest first."""
+    rows = _where(store, "memory_events", "owner", owner,
+                  "event_id, memory_id, op, event_time, source, reason, actor")
+    return [_camel({k: v for k, v in r.items() if k != "source"})
+            for r in sorted(rows, key=lambda r: (-r["event_time"], r["event_id"]))
+            if r["source"] == "operator"]
+
+
+def session_packet_items(store: AuditStore, session_id: str) -> dict[str, list[Row]]:
+    """The items of every packet of the session, by packet id, in packet order."""
+    ids = [p["packet_id"] for p in _where(store, "packets", "session_id", session_id,
+                                          "packet_id")]
+    out: dict[str, list[Row]] = {pid: [] for pid in ids}
+    for i in sorted(_where_in(store, "packet_items", "packet_id", ids),
+                    key=lambda i: (i["packet_id"], i["pos"])):
+        out[i["packet_id"]].append(_camel({k: v for k, v in i.items() if k != "packet_id"}))
+    return out

@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 
 # bumped whenever a table changes: a file of another layout is emptied and folded again
-LAYOUT = "1"
+LAYOUT = "2"
 # the topics folded, by base name (memory-shared holds the Session and Workspace memories)
 TOPICS = ("session-events", "segments", "audit", "inbox", "memory-log", "memory-shared")
 
@@ -97,7 +97,7 @@ TABLES = (
     Table("memory_events", (  # memory-log and memory-shared: candidates' text and revocations
         ("event_id", _S), ("memory_id", _S), ("op", _S), ("kind", _S), ("scope", _S),
         ("owner", _S), ("session_id", _S), ("event_seq", _L), ("event_time", _L), ("text", _S),
-        ("source", _S)), ("event_id",)),
+        ("source", _S), ("reason", _S), ("actor", _S)), ("event_id",)),
     Table("skipped", (  # records that did not decode: counted, never retried
         ("topic", _S), ("part", _I), ("log_offset", _L), ("error", _S)),
      ("topic", "part", "log_offset")),
@@ -111,7 +111,7 @@ INDEXES = (("audit", "packet_id"), ("audit", "request_id"), ("audit", "session_i
            ("events", "user_id"), ("segments", "session_id"), ("segments", "user_id"),
            ("ops", "session_id"), ("op_packets", "packet_id"), ("op_packets", "op_id"),
            ("packets", "session_id"), ("packet_items", "packet_id"),
-           ("memory_events", "memory_id"))
+           ("memory_events", "memory_id"), ("memory_events", "owner"))
 
 
 class LogRecord(NamedTuple):
@@ -202,11 +202,13 @@ def _op_rows(v: dict[str, Any], part: int, offset: int,
 
 
 def _memory_rows(v: dict[str, Any], out: dict[str, list[dict[str, Any]]]) -> None:
+    attrs = v.get("attributes") or {}  # an operator's action carries its reason and name
     out["memory_events"].append({
         "event_id": v["eventId"], "memory_id": v["memoryId"], "op": v["op"], "kind": v["kind"],
         "scope": v["scope"], "owner": v["owner"], "session_id": v["sessionId"],
         "event_seq": v["eventSeq"], "event_time": v["eventTime"], "text": v.get("text") or "",
-        "source": v.get("source", "user")})
+        "source": v.get("source", "user"), "reason": attrs.get("reason", ""),
+        "actor": attrs.get("actor", "")})
 
 
 def rows_of(records: Iterable[LogRecord]) -> dict[str, list[dict[str, Any]]]:

@@ -211,6 +211,11 @@ def render_user(console: Console, u: Row) -> None:
                   "" if p["nItems"] is None else str(p["nItems"]), p["claimedBy"] or "-",
                   "yes" if p["delivered"] else "no", short(p["firstItem"], 50))
     console.print(t)
+    if u["operatorActions"]:
+        t = table("operator actions", "at action memory by reason")
+        for x in u["operatorActions"]:
+            t.add_row(when(x["eventTime"]), x["op"], x["memoryId"], x["actor"], x["reason"])
+        console.print(t)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,5 @@
-"""The `mnemoflow` command: kafka, topics, worker, serve, audit, memories, health, replay, rebuild, eval."""
+"""The `mnemoflow` command: kafka, topics, worker, serve, console, audit, memories, health,
+replay, rebuild, eval."""
 
 from __future__ import annotations
 
@@ -111,6 +112,56 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     level = {"crit": "critical", "warn": "warning"}.get(args.loglevel, args.loglevel)
     uvicorn.run(create_app(settings, bootstrap, tenants, host=args.host), host=args.host,
                 port=args.port, log_level=level)
+    return 0
+
+
+def _console(args: argparse.Namespace, settings: Settings) -> int:
+    """The operator's web console, served by uvicorn until interrupted."""
+    import contextlib
+    import getpass
+
+    import uvicorn
+
+    from mnemoflow.agents.tenancy import is_loopback
+    from mnemoflow.projections.audit_store import StoreBusy
+    from mnemoflow.streams.audit_sync import TOPICS, open_store, store_path
+    from mnemoflow.streams.config import env_opt
+    from mnemoflow.streams.console import KafkaSource, create_app
+    from mnemoflow.streams.kafka_local import resolve_bootstrap
+    from mnemoflow.streams.producer import TopicsMissing, require_topics
+
+    token = args.token or env_opt("MNEMOFLOW_CONSOLE_TOKEN")
+    if not token and not is_loopback(args.host):
+        print(f"error: refusing to listen on {args.host} without a token: give --token (or "
+              f"MNEMOFLOW_CONSOLE_TOKEN), or listen on 127.0.0.1", file=sys.stderr)
+        return 2
+    bootstrap = resolve_bootstrap(settings)
+    try:
+        asyncio.run(require_topics(settings, bootstrap, [settings.topic(t) for t in TOPICS],
+                                   settings.connect_timeout_s))
+        path = store_path(settings).with_name(f"{settings.app_id}.console.duckdb")
+        store = open_store(settings, path)
+    except (TopicsMissing, StoreBusy) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    source = KafkaSource(settings, bootstrap, store)
+
+    @contextlib.asynccontextmanager
+    async def lifecycle():  # type: ignore[no-untyped-def]
+        await source.start()
+        try:
+            yield
+        finally:
+            await source.stop()
+
+    print(f"mnemoflow console on http://{args.host}:{args.port}"
+          + ("/login?token=... (a token is needed)" if token else " (loopback only)"))
+    try:
+        uvicorn.run(create_app(source, token=token, actor=args.actor or getpass.getuser(),
+                               refresh_s=args.refresh, lifecycle=lifecycle),
+                    host=args.host, port=args.port, log_level="warning")
+    finally:
+        store.close()
     return 0
 
 
@@ -276,6 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "$MNEMOFLOW_GATEWAY_TOKENS; none: one local tenant, loopback only)")
     sv.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
     sv.set_defaults(func=_serve)
+    co = sub.add_parser("console", help="the operator's web console: sessions, packets, "
+                        "memories; revoke, confirm, resolve, approve, memory off and on")
+    co.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on; other than loopback only with a token")
+    co.add_argument("--port", type=int, default=8089)
+    co.add_argument("--token", help="needed to open the console (default: "
+                    "$MNEMOFLOW_CONSOLE_TOKEN; none: loopback only)")
+    co.add_argument("--actor", help="the operator's name in every action (default: the login)")
+    co.add_argument("--refresh", type=float, default=2.0,
+                    help="seconds between folds of the topics' news (default 2)")
+    co.set_defaults(func=_console)
     r = sub.add_parser("replay", help="reset a stopped consumer group's offsets (and its state)")
     r.add_argument("--group", help="consumer group (default: the worker's app id)")
     g = r.add_mutually_exclusive_group(required=True)

@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--user", required=True, help="the scope owner (a user id)")
         a.add_argument("--reason", required=True, help="why: kept in the event and the audit")
         a.add_argument("--actor", default=None, help="who (default: the login name)")
+        if verb == "revoke":
+            a.add_argument("--with-sources", action="store_true",
+                           help="first revoke what it was taken from (a fact's segment)")
     for verb, what in (("disable", "memory off for the user (or one session): no packets, "
                         "nothing new stored, until enabled"),
                        ("enable", "memory on again for the user (or one session)")):
@@ -92,39 +95,49 @@ async def _run(args: argparse.Namespace, settings: Settings, bootstrap: str) -> 
             return 1
         print(json.dumps(detail, indent=2, ensure_ascii=False))
         return 0
-    refusal = _refusal(view, args.verb, args.memory_id)
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
+    refused = refusal(view, args.verb, args.memory_id)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
         return 1
-    ev = operator_event(view, args.verb, args.memory_id, args.reason,
-                        args.actor or getpass.getuser(), int(time.time() * 1000))
+    events = operator_events(view, args.verb, args.memory_id, args.reason,
+                             args.actor or getpass.getuser(), int(time.time() * 1000),
+                             with_sources=getattr(args, "with_sources", False))
     from mnemoflow.streams.host import HostClient
 
     async with HostClient(settings, bootstrap) as host:
-        await host.append_memory(ev)
-    print(f"{ev['op']} {args.memory_id} of {args.user} by {ev['attributes']['actor']}: "
-          f"{args.reason} (event {ev['eventId']})")
+        for ev in events:
+            await host.append_memory(ev)
+    for ev in events:
+        print(f"{ev['op']} {ev['memoryId']} of {args.user} by {ev['attributes']['actor']}: "
+              f"{args.reason} (event {ev['eventId']})")
     return 0
 
 
 async def _switch(view: Any, args: argparse.Namespace, settings: Settings,
                   bootstrap: str) -> int:
-    from mnemoflow.agents import memory_events as M
     from mnemoflow.streams.host import HostClient
 
     off = args.verb == "disable"
-    t = args.at
-    if t is None:  # now, and after the switch it follows (a replayed history can be ahead)
-        switched = view.store.controls.switches.get((args.user, args.session), [])
-        t = max([int(time.time() * 1000)] + [when + 1 for when, _, _ in switched])
-    ev = M.as_operator(M.memory_switch(args.user, off, t, session=args.session), args.reason,
-                       args.actor or getpass.getuser())
+    ev = switch_event(view, args.session, off, args.reason, args.actor or getpass.getuser(),
+                      int(time.time() * 1000), args.at)
     async with HostClient(settings, bootstrap) as host:
         await host.append_memory(ev)
     what = f"session {args.session} of {args.user}" if args.session else args.user
-    print(f"memory {'off' if off else 'on'} for {what} from {t} by "
+    print(f"memory {'off' if off else 'on'} for {what} from {ev['eventTime']} by "
           f"{ev['attributes']['actor']}: {args.reason} (event {ev['eventId']})")
     return 0
+
+
+def switch_event(view: Any, session: str, off: bool, reason: str, actor: str, now_ms: int,
+                 at: int | None = None) -> dict[str, Any]:
+    """An operator's memory switch for the owner (or one session), from `at`; by default from
+    now, and after the switch it follows (a replayed history can be ahead of the clock)."""
+    from mnemoflow.agents import memory_events as M
+
+    if at is None:
+        switched = view.store.controls.switches.get((view.owner, session), [])
+        at = max([now_ms] + [t + 1 for t, _, _ in switched])
+    return M.as_operator(M.memory_switch(view.owner, off, at, session=session), reason, actor)
 
 
 async def read_owner(settings: Settings, bootstrap: str, owner: str) -> Any:
@@ -139,7 +152,7 @@ async def read_owner(settings: Settings, bootstrap: str, owner: str) -> Any:
     return fold_owner(events, owner)
 
 
-def _refusal(view: Any, verb: str, memory_id: str) -> str | None:
+def refusal(view: Any, verb: str, memory_id: str) -> str | None:
     """Why an action cannot apply (a typo, another owner's id, the wrong kind), or None."""
     status = view.status(memory_id)
     if status == "unknown":
@@ -172,6 +185,25 @@ def operator_event(view: Any, verb: str, memory_id: str, reason: str, actor: str
     else:
         ev = M.host_confirm(view.owner, memory_id, t, scope=scope)
     return M.as_operator(ev, reason, actor)
+
+
+def operator_events(view: Any, verb: str, memory_id: str, reason: str, actor: str,
+                    now_ms: int, with_sources: bool = False) -> list[dict[str, Any]]:
+    """The events of an action, in the order to append them. A revoke `with_sources` first
+    revokes what the memory was taken from (the segment a fact was extracted from still
+    holds its text and would be recalled in its place), each source's revoke cascading to
+    what was derived only from it, then the memory itself unless a cascade took it already.
+    `view` is advanced past every event (the caller's fold of the log, plus these)."""
+    targets = sorted(view.store.sources.get(memory_id, ())) if with_sources else []
+    out = []
+    for mid in [*targets, memory_id]:
+        if refusal(view, verb, mid) is not None:
+            continue  # a source already revoked, or the memory gone with its sources
+        ev = operator_event(view, verb, mid, reason, actor, now_ms)
+        view.store.apply(ev)
+        view.history.setdefault(mid, []).append(ev)
+        out.append(ev)
+    return out
 
 
 def _print_list(rows: list[dict[str, Any]], args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from test_memories_cli_kafka import tell
 from test_topology_kafka import MANIFEST
 
 from mnemoflow.agents.decisions import PACKET, TIMEOUT
@@ -53,11 +54,7 @@ async def scenario(worker: WorkerProcess) -> Scenario:
         inbox = InboxClient(s, bs, host.producer)
         await inbox.start()
         try:
-            mem = host.session("mem-a", "user-a")
-            await mem.lifecycle("start", T0, MANIFEST)
-            await mem.user_message(FACT, T0 + 1000)
-            told = await StepAssembler(mem, inbox, MANIFEST, decisions=watcher).wait_decision(60)
-            assert told.outcome != TIMEOUT, describe(told)
+            await tell(host, inbox, watcher, "mem-a", "user-a", FACT, T0)
 
             ask = host.session("ask-a", "user-a")
             step = StepAssembler(ask, inbox, MANIFEST, decisions=watcher)

@@ -42,7 +42,18 @@ async def _cli(settings: Settings, capsys: pytest.CaptureFixture[str], *argv: st
     return await run_cli(memories_cli, settings, capsys, "memories", *argv, rc=rc)
 
 
-async def _ask(host: HostClient, inbox: InboxClient, watcher: DecisionWatcher, sid: str,
+async def tell(host: HostClient, inbox: InboxClient, watcher: DecisionWatcher, sid: str,
+               user: str, text: str, t: int) -> None:
+    """A new session of `user` in which the user says `text`; waits for the pipeline's
+    decision on it."""
+    ses = host.session(sid, user)
+    await ses.lifecycle("start", t, MANIFEST)
+    await ses.user_message(text, t + 1000)
+    told = await StepAssembler(ses, inbox, MANIFEST, decisions=watcher).wait_decision(60)
+    assert told.outcome != TIMEOUT, describe(told)
+
+
+async def ask(host: HostClient, inbox: InboxClient, watcher: DecisionWatcher, sid: str,
                t: int) -> list[dict]:
     """A question in a new session of user-a; the items of the packets it claims."""
     ses = host.session(sid, "user-a")
@@ -65,12 +76,7 @@ async def test_an_operator_revokes_a_memory_with_a_reason_and_it_is_gone_from_re
         await inbox.start()
         try:
             for user, text in (("user-a", FACT), ("user-b", "My locker code is bb222q.")):
-                mem = host.session(f"mem-{user}", user)
-                await mem.lifecycle("start", T0, MANIFEST)
-                await mem.user_message(text, T0 + 1000)
-                told = await StepAssembler(mem, inbox, MANIFEST,
-                                           decisions=watcher).wait_decision(60)
-                assert told.outcome != TIMEOUT, describe(told)
+                await tell(host, inbox, watcher, f"mem-{user}", user, text, T0)
             await collect(s, kafka_bootstrap, ["memory-log"], lambda r: sum(
                 m["op"] == "fact_upserted" or m["op"] == "fact_proposed"
                 for m in r["memory-log"]) >= 2, 60)
@@ -79,7 +85,7 @@ async def test_an_operator_revokes_a_memory_with_a_reason_and_it_is_gone_from_re
             assert listed and all("bb222q" not in r["text"] for r in listed)
             held = [r for r in listed if "zq417x" in r["text"] and r["status"] == "recallable"]
             assert held, listed
-            first = await _ask(host, inbox, watcher, "ask-1", T0 + DAY)
+            first = await ask(host, inbox, watcher, "ask-1", T0 + DAY)
             assert any("zq417x" in i["text"] for i in first)
 
             # another owner's id through user-a's name: refused, nothing written
@@ -115,7 +121,7 @@ async def test_an_operator_revokes_a_memory_with_a_reason_and_it_is_gone_from_re
             assert json.loads(await _cli(cli, capsys, "list", "--user", "user-b",
                                          "--json")) == other
 
-            second = await _ask(host, inbox, watcher, "ask-2", T0 + 2 * DAY)
+            second = await ask(host, inbox, watcher, "ask-2", T0 + 2 * DAY)
             assert all("zq417x" not in i["text"] for i in second), second
         finally:
             await inbox.stop()
@@ -162,7 +168,7 @@ async def test_memory_switched_off_gives_no_packets_stores_nothing_and_survives_
                 out = await _cli(cli, capsys, "disable", "--user", "user-a", "--at", str(off_at),
                                  "--reason", "user paused memory", "--actor", "ops")
                 assert "memory off for user-a" in out
-                assert await _ask(host, inbox, w, "ask-off-1", off_at + 10) == []
+                assert await ask(host, inbox, w, "ask-off-1", off_at + 10) == []
                 assert await broker_reason("ask-off-1") == "suppress: disabled"
                 told = host.session("mem-2", "user-a")  # while off: never stored
                 await told.lifecycle("start", off_at + 100, MANIFEST)
@@ -174,13 +180,13 @@ async def test_memory_switched_off_gives_no_packets_stores_nothing_and_survives_
         async with ready_worker(s, kafka_bootstrap), DecisionWatcher(s, kafka_bootstrap) as w:
             await inbox.start()
             try:
-                assert await _ask(host, inbox, w, "ask-off-2", off_at + DAY) == []
+                assert await ask(host, inbox, w, "ask-off-2", off_at + DAY) == []
                 assert await broker_reason("ask-off-2") == "suppress: disabled"
                 status = json.loads(await _cli(cli, capsys, "status", "--user", "user-a"))
                 assert [x["memory"] for x in status["switches"]] == ["off"]
                 await _cli(cli, capsys, "enable", "--user", "user-a", "--at", str(on_at),
                            "--reason", "user resumed", "--actor", "ops")
-                items = await _ask(host, inbox, w, "ask-on", on_at + 10)
+                items = await ask(host, inbox, w, "ask-on", on_at + 10)
                 assert any("zq417x" in i["text"] for i in items), items
                 assert all("dd444w" not in i["text"] for i in items)
                 listed = json.loads(await _cli(cli, capsys, "list", "--user", "user-a",

@@ -1,0 +1,185 @@
+"""The console's pages and actions without Kafka: an in-memory source over the records the
+real topology makes (tests/audit_pipeline.py). What the browser test does against the broker,
+here request by request: what each page shows, that an action is an operator event with its
+reason, and what is refused (no reason, another owner's memory, a forged form, a stranger)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from audit_pipeline import FACT, QUESTION, log_records, pipeline_logs
+from starlette.testclient import TestClient
+
+from mnemoflow.agents import memory_events as M
+from mnemoflow.projections.owner_memories import fold_owner
+from mnemoflow.streams.console import HeldSource, access_refusal, create_app, memory_actions
+
+from factories import T0
+
+LOCAL = "http://127.0.0.1"
+Row = dict[str, Any]
+
+
+@pytest.fixture
+async def source(tmp_path: Path) -> HeldSource:
+    return HeldSource(log_records(await pipeline_logs(tmp_path)))
+
+
+def _client(source: HeldSource, **kw: Any) -> TestClient:
+    return TestClient(create_app(source, refresh_s=0, actor="ops", **kw), base_url=LOCAL)
+
+
+def _csrf(html: str) -> str:
+    return html.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+def _fact_id(source: HeldSource) -> str:
+    (mid,) = {e["memoryId"] for e in source.events_of("user-1")
+              if e["op"] == "segment_recorded" and e["text"] == FACT}
+    return mid
+
+
+def test_the_pages_show_the_chain_and_the_memories(source: HeldSource) -> None:
+    with _client(source) as c:
+        index = c.get("/").text
+        assert "/sessions/ask-1" in index and "/users/user-1" in index
+        session = c.get("/sessions/ask-1").text
+        assert FACT in session and "Revoke" in session and QUESTION in session
+        assert "inject" in session  # the inbox op that carried the packet
+        pid = session.split('href="/packets/', 1)[1].split('"', 1)[0]
+        packet = c.get(f"/packets/{pid}").text
+        assert "injection" in packet and "kept" in packet  # the candidates' outcomes
+        assert "allow-some" in packet and "memory-runner" in packet  # safety verdict, claim
+        user = c.get("/users/user-1").text
+        assert "zq001x" in user and "zq002x" not in user  # never another user's memory
+        assert "Memory is <b class=\"good\">on</b>" in user and "MEMORY.md" in user
+        memory = c.get(f"/users/user-1/memories/{_fact_id(source)}").text
+        assert "segment_recorded" in memory and "recallable" in memory
+        assert c.get("/find", params={"q": "ask-1"}).url.path == "/sessions/ask-1"
+        assert c.get("/find", params={"q": "user-2"}).url.path == "/users/user-2"
+        assert c.get("/sessions/nobody").status_code == 404
+        assert c.get("/users/user-1/memories/seg:nope").status_code == 404
+
+
+def test_a_revoke_is_an_operator_event_with_its_reason(source: HeldSource) -> None:
+    mid = _fact_id(source)
+    with _client(source) as c:
+        page = c.get("/sessions/ask-1").text
+        r = c.post(f"/users/user-1/memories/{mid}/revoke", data={
+            "csrf": _csrf(page), "reason": "user asked to forget the code",
+            "next": "/sessions/ask-1"})
+        assert r.status_code == 200 and r.url.path == "/sessions/ask-1"
+        assert f"memory_revoked {mid} by ops: user asked to forget the code" in r.text
+        (ev,) = source.appended
+        assert ev["op"] == "memory_revoked" and ev["source"] == "operator"
+        assert ev["attributes"]["reason"] == "user asked to forget the code"
+        assert ev["attributes"]["actor"] == "ops" and ev["owner"] == "user-1"
+        assert source.refreshed == 1  # the page after the action shows it
+        user = c.get("/users/user-1").text
+        actions = user.split('id="actions"', 1)[1]
+        assert "memory_revoked" in actions and "user asked to forget the code" in actions
+        memory = c.get(f"/users/user-1/memories/{mid}").text
+        assert '<b id="status">revoked</b>' in memory
+        # a second revoke of the same memory is refused, and nothing more is written
+        again = c.post(f"/users/user-1/memories/{mid}/revoke",
+                       data={"csrf": _csrf(page), "reason": "twice"})
+        assert again.status_code == 409 and "revoked already" in again.text
+        assert len(source.appended) == 1
+
+
+def test_actions_that_must_not_be_done_are_refused(source: HeldSource) -> None:
+    mid = _fact_id(source)
+    with _client(source) as c:
+        csrf = _csrf(c.get("/users/user-1").text)
+        url = f"/users/user-1/memories/{mid}/revoke"
+        assert c.post(url, data={"reason": "no form token"}).status_code == 403
+        assert c.post(url, data={"csrf": "forged", "reason": "x"}).status_code == 403
+        assert c.post(url, data={"csrf": csrf, "reason": "  "}).status_code == 409
+        # user-1's memory through user-2's name: not user-2's, refused
+        other = c.post(f"/users/user-2/memories/{mid}/revoke", data={"csrf": csrf,
+                                                                     "reason": "x"})
+        assert other.status_code == 409 and "no memory" in other.text
+        assert c.post(f"/users/user-1/memories/{mid}/erase",
+                      data={"csrf": csrf, "reason": "x"}).status_code == 404
+        # a redirect only within the console
+        r = c.post(url, data={"csrf": csrf, "reason": "ok", "next": "//evil.example/x"},
+                   follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/users/user-1?msg=")
+    assert [e["op"] for e in source.appended] == ["memory_revoked"]
+
+
+def test_memory_off_and_on_from_the_user_page(source: HeldSource) -> None:
+    with _client(source) as c:
+        csrf = _csrf(c.get("/users/user-1").text)
+        off = c.post("/users/user-1/switch", data={"csrf": csrf, "memory": "off",
+                                                   "reason": "user paused memory"})
+        assert "memory off for user-1 by ops: user paused memory" in off.text
+        assert "Memory is <b class=\"bad\">off</b>" in off.text
+        c.post("/users/user-1/switch", data={"csrf": csrf, "memory": "on", "reason": "back"})
+    first, second = source.appended
+    assert (first["op"], second["op"]) == ("memory_disabled", "memory_enabled")
+    assert second["eventTime"] > first["eventTime"]
+    assert first["attributes"]["reason"] == "user paused memory"
+
+
+def test_memory_text_is_shown_as_text_never_as_markup(source: HeldSource) -> None:
+    hostile = M.host_fact("user-1", "<script>alert('x')</script> my note", T0 + 5)
+    source.events_of("user-1").append(hostile)
+    with _client(source) as c:
+        page = c.get("/users/user-1").text
+    assert "<script>alert" not in page and "&lt;script&gt;alert" in page
+
+
+def test_who_may_open_the_console(source: HeldSource) -> None:
+    assert access_refusal(None, "127.0.0.1:8089", None, None) is None
+    assert access_refusal(None, "evil.example:8089", None, None) is not None  # rebinding
+    assert access_refusal("s3cret-token", "10.0.0.5:8089", None, None) is not None
+    assert access_refusal("s3cret-token", "10.0.0.5", None, "Bearer s3cret-token") is None
+    with TestClient(create_app(source, refresh_s=0), base_url="http://evil.example") as c:
+        assert c.get("/").status_code == 403
+    with _client(source, token="s3cret-token") as c:
+        assert c.get("/").status_code == 401
+        assert c.get("/login", params={"token": "wrong"}).status_code == 401
+        assert c.get("/login", params={"token": "s3cret-token"}).status_code == 200
+        assert "Sessions" in c.get("/").text  # the cookie
+
+
+def test_actions_offered_follow_the_memory_status(source: HeldSource) -> None:
+    view = fold_owner(source.events_of("user-1"), "user-1")
+    assert memory_actions(view, _fact_id(source)) == ["revoke"]
+    old = M.host_fact("user-1", "x", T0)
+    view = fold_owner([*source.events_of("user-1"), old,
+                       M.host_revoke("user-1", old["memoryId"], T0 + 1)], "user-1")
+    assert memory_actions(view, old["memoryId"]) == []
+
+
+def test_a_revoke_with_sources_takes_what_the_fact_was_extracted_from(
+        source: HeldSource) -> None:
+    """A fact's segment still holds its text and would be recalled in its place: revoked
+    first, its cascade takes the fact; without the box only the fact goes."""
+    view = fold_owner(source.events_of("user-1"), "user-1")
+    fact, (seg,) = next((m, s) for m, s in sorted(view.store.sources.items())
+                        if m.startswith("fact:") and len(s) == 1)
+    with _client(source) as c:
+        page = c.get(f"/users/user-1/memories/{fact}").text
+        assert "and what it was taken from" in page and seg in page
+        r = c.post(f"/users/user-1/memories/{fact}/revoke", data={
+            "csrf": _csrf(page), "reason": "forget it all", "sources": "on"})
+        assert f"memory_revoked {seg} by ops: forget it all" in r.text
+    assert [e["memoryId"] for e in source.appended][0] == seg
+    view = fold_owner(source.events_of("user-1"), "user-1")
+    assert view.status(seg) == view.status(fact) == "revoked"
+
+
+def test_a_revoke_without_sources_leaves_the_segment(source: HeldSource) -> None:
+    view = fold_owner(source.events_of("user-1"), "user-1")
+    fact, (seg,) = next((m, s) for m, s in sorted(view.store.sources.items())
+                        if m.startswith("fact:") and len(s) == 1)
+    with _client(source) as c:
+        csrf = _csrf(c.get("/users/user-1").text)
+        c.post(f"/users/user-1/memories/{fact}/revoke", data={"csrf": csrf, "reason": "x"})
+    assert [e["memoryId"] for e in source.appended] == [fact]
+    view = fold_owner(source.events_of("user-1"), "user-1")
+    assert view.status(fact) == "revoked" and view.status(seg) == "recallable"
