@@ -115,13 +115,14 @@ def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ran
     """Decide the packet for one recall request and the audit record that explains it.
     (A redelivered request never gets here: `respond` re-emits its first answer.)"""
     now = request["eventTime"]
+    replay = bool(request.get("replayOf"))  # an operator's what-if (see `respond`)
     cap = capability_snapshot(request.get("capability"))
     safety_reason = {v.ranked.candidate.memory_id: v.reason for v in verdict.items}
     audit_cands = audit_candidates(ranked, safety_reason, t)
     allowed = verdict.allowed
     if memory_off:
         action, reason = "suppress", "disabled"  # an operator switched the memory off
-    elif request["contextVersion"] < state.latest_cv:
+    elif request["contextVersion"] < state.latest_cv and not replay:
         action, reason = "drop", "stale-context"
     elif retrieval_version != current_version:
         action, reason = "drop", "stale-retrieval"
@@ -133,6 +134,8 @@ def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ran
         action, reason = verdict.action, verdict.reason
     elif not allowed:
         action, reason = "suppress", "empty"
+    elif replay:
+        action, reason = "shadow", "replay"
     elif cap["packetPatch"] == "none":
         action, reason = "shadow", "packet-patch-none"
     else:
@@ -170,6 +173,9 @@ def build(state: BrokerState, request: dict[str, Any], result: RecallResult, ran
         "bytes": size, "expiry": expiry if items else 0, "tiers": dict(result.tiers),
         "indexVersion": retrieval_version, "ingestTime": request.get("ingestTime", 0),
     }
+    if replay:  # answered once (a redelivery re-emits it); nothing the session sees changes
+        return (replace(state, done=(*state.done, (request["requestId"], op, audit))[-DONE_CAP:]),
+                BrokerOutput(op, audit))
     recent = state.recent
     if action == "inject":
         recent = (*[r for r in recent if r[1] > now],

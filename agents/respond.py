@@ -33,7 +33,10 @@ async def respond(state: BrokerState, request: dict[str, Any], tiers: Sequence[T
                   ) -> tuple[BrokerState, BrokerOutput]:
     """The packet and audit for one request. A redelivered request re-emits exactly what its
     first pass emitted, without recalling again. With the memory switched off for the
-    request's user or session (agents.controls) nothing is recalled: `suppress: disabled`."""
+    request's user or session (agents.controls) nothing is recalled: `suppress: disabled`.
+    An operator's replay (`replayOf`: a past request re-run against today's memory) is
+    answered as a shadow, against no recent injections, and changes no state but its own
+    redelivery record (agents.broker.build)."""
     again = state.replayed(request["requestId"])
     if again is not None:
         return state, BrokerOutput(again[0], again[1], replayed=True)
@@ -44,7 +47,8 @@ async def respond(state: BrokerState, request: dict[str, Any], tiers: Sequence[T
     result = await recall(request, tiers, t.recall_k)
     if not projection.caught_up:
         result.tiers["projection"] = projection.lag
-    ranked = rank(result.candidates, request, state.recent_digests(request["eventTime"]),
-                  projection.version, t)
+    # a replay asks what recall gives now, not what this session has been given lately
+    recent = () if request.get("replayOf") else state.recent_digests(request["eventTime"])
+    ranked = rank(result.candidates, request, recent, projection.version, t)
     verdict = check(ranked.kept, request, rules)
     return build(state, request, result, ranked, verdict, projection.version, index_version(), t)

@@ -16,6 +16,7 @@ audit records, and it grows with the table).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -356,3 +357,53 @@ def session_packet_items(store: AuditStore, session_id: str) -> dict[str, list[R
                     key=lambda i: (i["packet_id"], i["pos"])):
         out[i["packet_id"]].append(_camel({k: v for k, v in i.items() if k != "packet_id"}))
     return out
+
+
+def request_of(store: AuditStore, request_id: str) -> Row | None:
+    """A recall request as the gate wrote it (for a replay to send again), or None."""
+    row = _pick(_where(store, "requests", "request_id", request_id, "value"))
+    return None if row is None else json.loads(row["value"])
+
+
+def replays_of(store: AuditStore, request_id: str) -> list[Row]:
+    """The operators' replays of a request, each with its broker answer if there is one yet,
+    in the order they were answered."""
+    ids = [r["request_id"] for r in _where(store, "requests", "replay_of", request_id,
+                                           "request_id")]
+    answers = {a["request_id"]: a for a in _where_in(
+        store, "audit", "request_id", ids, "request_id, stage, action, reason, emit_time")
+        if a["stage"] == "broker"}
+    out = [{"requestId": i, "action": answers.get(i, {}).get("action"),
+            "reason": answers.get(i, {}).get("reason"),
+            "answeredAt": answers.get(i, {}).get("emit_time")} for i in ids]
+    return sorted(out, key=lambda r: (r["answeredAt"] is None, r["answeredAt"] or 0,
+                                      r["requestId"]))
+
+
+def recall_diff(store: AuditStore, request_id: str, replay_id: str) -> Row | None:
+    """What recall gave a request then and gives it now (an operator's replay): both broker
+    answers, and per memory its rank, score and outcome in each, with what changed (same,
+    new, gone, or `then -> now` outcomes). None until both answers are in the store."""
+    then = _pick(_where(store, "audit", "request_id", request_id), stage="broker")
+    now = _pick(_where(store, "audit", "request_id", replay_id), stage="broker")
+    if then is None or now is None:
+        return None
+    before = {c["memoryId"]: c for c in _candidates(store, then["audit_id"])}
+    after = {c["memoryId"]: c for c in _candidates(store, now["audit_id"])}
+    rows = []
+    for mid in [*before, *(m for m in after if m not in before)]:
+        b, a = before.get(mid), after.get(mid)
+        change = ("new" if b is None else "gone" if a is None else
+                  "same" if b["outcome"] == a["outcome"] else f"{b['outcome']} -> {a['outcome']}")
+        rows.append({"memoryId": mid, "text": (a or b)["text"],  # type: ignore[index]
+                     "revokedSince": (a or b)["revokedSince"],  # type: ignore[index]
+                     "then": b and {k: b[k] for k in ("rank", "score", "outcome")},
+                     "now": a and {k: a[k] for k in ("rank", "score", "outcome")},
+                     "change": change})
+
+    def answer(x: Row) -> Row:
+        return _camel({k: x[k] for k in ("request_id", "action", "reason", "packet_id",
+                                         "bytes", "tiers", "index_version", "emit_time")})
+
+    return {"sessionId": then["session_id"], "userId": then["user_id"],
+            "then": answer(then), "now": answer(now), "candidates": rows}

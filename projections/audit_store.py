@@ -1,10 +1,11 @@
-"""The audit store: the audit, inbox, segment, session-event and memory topics folded into one
-embedded DuckDB file, for `mnemoflow audit` (queries in `projections/audit_queries.py`).
+"""The audit store: the audit, inbox, segment, session-event, memory and recall-request topics
+folded into one embedded DuckDB file, for `mnemoflow audit` and the console (queries in
+`projections/audit_queries.py`).
 
 The file is derived data, rebuilt from the topics at will. Each table's primary key is the
-record's own id (auditId, opId, segmentId, (sessionId, eventSeq), eventId), and every insert
-ignores a key it already holds, so folding a record twice (a redelivery, a sync that re-reads)
-changes nothing. The next offset to read of every topic partition is kept in the same file and
+record's own id (auditId, opId, segmentId, (sessionId, eventSeq), eventId, requestId), and
+every insert ignores a key it already holds, so folding a record twice (a redelivery, a sync
+that re-reads) changes nothing. The next offset to read of every topic partition is kept in the same file and
 written in the same transaction as the rows of the records below it: a crash rolls back both,
 so the store never holds a record it would read again as new, nor an offset past a lost row.
 
@@ -15,6 +16,7 @@ is the I/O. Rows go in through Arrow, one INSERT per table per batch: DuckDB's r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +26,10 @@ import duckdb
 import pyarrow as pa
 
 # bumped whenever a table changes: a file of another layout is emptied and folded again
-LAYOUT = "2"
+LAYOUT = "3"
 # the topics folded, by base name (memory-shared holds the Session and Workspace memories)
-TOPICS = ("session-events", "segments", "audit", "inbox", "memory-log", "memory-shared")
+TOPICS = ("session-events", "segments", "audit", "inbox", "memory-log", "memory-shared",
+          "recall-requests")
 
 _S = ("VARCHAR", pa.string())
 _I = ("INTEGER", pa.int32())
@@ -98,6 +101,9 @@ TABLES = (
         ("event_id", _S), ("memory_id", _S), ("op", _S), ("kind", _S), ("scope", _S),
         ("owner", _S), ("session_id", _S), ("event_seq", _L), ("event_time", _L), ("text", _S),
         ("source", _S), ("reason", _S), ("actor", _S)), ("event_id",)),
+    Table("requests", (  # recall-requests: the gate's requests whole (a replay re-sends one)
+        ("request_id", _S), ("session_id", _S), ("user_id", _S), ("event_time", _L),
+        ("event_seq", _L), ("replay_of", _S), ("value", _S)), ("request_id",)),
     Table("skipped", (  # records that did not decode: counted, never retried
         ("topic", _S), ("part", _I), ("log_offset", _L), ("error", _S)),
      ("topic", "part", "log_offset")),
@@ -111,7 +117,8 @@ INDEXES = (("audit", "packet_id"), ("audit", "request_id"), ("audit", "session_i
            ("events", "user_id"), ("segments", "session_id"), ("segments", "user_id"),
            ("ops", "session_id"), ("op_packets", "packet_id"), ("op_packets", "op_id"),
            ("packets", "session_id"), ("packet_items", "packet_id"),
-           ("memory_events", "memory_id"), ("memory_events", "owner"))
+           ("memory_events", "memory_id"), ("memory_events", "owner"),
+           ("requests", "replay_of"))
 
 
 class LogRecord(NamedTuple):
@@ -211,6 +218,13 @@ def _memory_rows(v: dict[str, Any], out: dict[str, list[dict[str, Any]]]) -> Non
         "actor": attrs.get("actor", "")})
 
 
+def _request_rows(v: dict[str, Any], out: dict[str, list[dict[str, Any]]]) -> None:
+    out["requests"].append({
+        "request_id": v["requestId"], "session_id": v["sessionId"], "user_id": v["userId"],
+        "event_time": v["eventTime"], "event_seq": v["eventSeq"],
+        "replay_of": v.get("replayOf"), "value": json.dumps(v, sort_keys=True)})
+
+
 def rows_of(records: Iterable[LogRecord]) -> dict[str, list[dict[str, Any]]]:
     """The table rows of some records, by table name (pure; exposed for tests and benches)."""
     out: dict[str, list[dict[str, Any]]] = {t.name: [] for t in TABLES}
@@ -229,6 +243,8 @@ def rows_of(records: Iterable[LogRecord]) -> dict[str, list[dict[str, Any]]]:
             _op_rows(v, r.partition, r.offset, out)
         elif r.topic in ("memory-log", "memory-shared"):
             _memory_rows(v, out)
+        elif r.topic == "recall-requests":
+            _request_rows(v, out)
         else:
             raise ValueError(f"the audit store does not fold topic {r.topic!r}")
     return out

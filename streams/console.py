@@ -5,8 +5,11 @@ with their items, scores and provenance, claims, feedback); a packet's whole cha
 trigger, the gate's signals, each tier's status, every candidate with its score and outcome,
 the safety verdict, the claim, the feedback); a user's memories, conflict sets, procedures,
 aliases, memory switches, the operator actions taken and MEMORY.md as the projection writes
-it. Actions (revoke, confirm, resolve, approve, memory off and on) are operator memory events
-with a reason, the same ones `mnemoflow memories` appends: nothing edits a projection.
+it; a replay of one recall against today's memory, shown beside what was given then.
+Actions (revoke, confirm, resolve, approve, memory off and on) are operator memory events
+with a reason, the same ones `mnemoflow memories` appends: nothing edits a projection. A
+replay is the past recall request sent again with `replayOf` (agents.broker: a shadow answer
+that changes nothing the session sees).
 
 What it reads comes from a `ConsoleSource`: `KafkaSource` keeps its own audit store synced
 with the topics and tails the memory-log; the pages only query what it holds. Access: a
@@ -35,6 +38,8 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from mnemoflow.agents import tenancy as TN
+from mnemoflow.agents.ids import stable_id
+from mnemoflow.agents.partitioning import request_key
 from mnemoflow.projections import audit_queries as Q
 from mnemoflow.projections import markdown as MD
 from mnemoflow.projections.audit_store import AuditStore, LogRecord
@@ -42,6 +47,7 @@ from mnemoflow.projections.owner_memories import OwnerMemories, fold_owner
 from mnemoflow.streams.audit_cli import short, when
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.memories_cli import ACTIONS, operator_events, refusal, switch_event
+from mnemoflow.streams.topics import VALUE_SCHEMA
 
 Row = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -62,6 +68,9 @@ class ConsoleSource(Protocol):
 
     async def append(self, event: Row) -> None:
         """Append an operator's memory event to the memory-log (acknowledged)."""
+
+    async def send_request(self, request: Row) -> None:
+        """Send a recall request to the worker (an operator's replay; acknowledged)."""
 
 
 class KafkaSource:
@@ -108,12 +117,21 @@ class KafkaSource:
     async def append(self, event: Row) -> None:
         await self._host.append_memory(event)
 
+    async def send_request(self, request: Row) -> None:
+        await self._host.producer.send(self.settings.topic("recall-requests"),
+                                       VALUE_SCHEMA["recall-requests"], request_key(request),
+                                       request)
+
 
 class HeldSource:
-    """A source over records held in memory (tests and benches): an appended event is folded
-    into the store as a sync would fold it from the memory-log."""
+    """A source over records held in memory (tests and benches). What the console writes is
+    folded into the store as a sync would fold it, with what `worker` answers to it: the
+    records the pipeline writes in turn (a broker audit for a replayed request)."""
 
-    def __init__(self, records: list[LogRecord]) -> None:
+    def __init__(self, records: list[LogRecord],
+                 worker: Callable[[str, Row], Awaitable[list[LogRecord]]] | None = None
+                 ) -> None:
+        self.worker = worker
         self.store = AuditStore(None)
         self.store.fold(records)
         self._by_owner: dict[str, list[Row]] = {}
@@ -129,10 +147,17 @@ class HeldSource:
     def events_of(self, owner: str) -> list[Row]:
         return self._by_owner.get(owner, [])
 
+    async def _write(self, topic: str, value: Row) -> None:
+        self.appended.append(value)
+        answered = await self.worker(topic, value) if self.worker else []
+        self.store.fold([LogRecord(topic, -1, len(self.appended), value), *answered])
+
     async def append(self, event: Row) -> None:
-        self.appended.append(event)
         self._by_owner.setdefault(event["owner"], []).append(event)
-        self.store.fold([LogRecord("memory-log", -1, len(self.appended), event)])
+        await self._write("memory-log", event)
+
+    async def send_request(self, request: Row) -> None:
+        await self._write("recall-requests", request)
 
 
 def access_refusal(token: str | None, host: str | None, cookie: str | None,
@@ -209,12 +234,13 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = "operator",
-               refresh_s: float = 2.0,
+               refresh_s: float = 2.0, replay_wait_s: float = 30.0,
                lifecycle: Callable[[], contextlib.AbstractAsyncContextManager[None]]
                | None = None) -> Starlette:
     """The console over `source`. `refresh_s`: how often the source folds the topics' news
-    (0: never in the background; every action still refreshes). `lifecycle`: starts and
-    stops the source around the app's life."""
+    (0: never in the background; every action still refreshes). `replay_wait_s`: how long a
+    replay waits for the worker's answer before showing its page anyway. `lifecycle`: starts
+    and stops the source around the app's life."""
     templates = Jinja2Templates(directory=str(TEMPLATES))
     env = templates.env
     env.filters.update(when=when, short=short, quote=lambda s: quote(str(s), safe=""))
@@ -257,7 +283,43 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         chain = Q.packet_chain(source.store, ids[0]) if len(ids) == 1 else None
         if chain is None:
             return missing(request, f"packet {request.path_params['pid']!r}")
-        return page(request, "packet.html", c=chain)
+        rid = chain["broker"]["requestId"] if chain["broker"] else None
+        return page(request, "packet.html", c=chain,
+                    replays=Q.replays_of(source.store, rid) if rid else [],
+                    replayable=rid is not None and Q.request_of(source.store, rid) is not None)
+
+    async def replay(request: Request) -> Response:
+        """Send the packet's request again, marked a replay: the worker answers it against
+        today's memory with a shadow audit; then show what changed."""
+        ids = Q.resolve_packet(source.store, request.path_params["pid"])
+        chain = Q.packet_chain(source.store, ids[0]) if len(ids) == 1 else None
+        back = f"/packets/{quote(request.path_params['pid'])}"
+        past = Q.request_of(source.store, chain["broker"]["requestId"]) \
+            if chain and chain["broker"] else None
+        if past is None:
+            return page(request, "refused.html", 409, back=back, why="the recall request "
+                        "behind this packet is not in the store (deleted by retention?)")
+        first = past.get("replayOf") or past["requestId"]  # a replay of a replay: the first
+        now_ms = int(time.time() * 1000)
+        again = {**(Q.request_of(source.store, first) or past), "replayOf": first,
+                 "requestId": stable_id("req", "replay", first, str(now_ms))}
+        await source.send_request(again)
+        deadline = time.monotonic() + replay_wait_s
+        while True:
+            await source.refresh()
+            if Q.recall_diff(source.store, first, again["requestId"]) is not None \
+                    or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        return RedirectResponse(f"/replays/{quote(again['requestId'])}", 303)
+
+    async def replayed(request: Request) -> Response:
+        rid = request.path_params["rid"]
+        sent = Q.request_of(source.store, rid)
+        if sent is None or not sent.get("replayOf"):
+            return missing(request, f"replay {rid!r}")
+        return page(request, "replay.html", rid=rid, first=sent["replayOf"],
+                    d=Q.recall_diff(source.store, sent["replayOf"], rid))
 
     async def user(request: Request) -> Response:
         uid = request.path_params["uid"]
@@ -356,7 +418,9 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         Route("/", guarded(index)),
         Route("/find", guarded(find)),
         Route("/sessions/{sid:path}", guarded(session)),
-        Route("/packets/{pid:path}", guarded(packet)),
+        Route("/packets/{pid}/replay", guarded(replay, post=True), methods=["POST"]),
+        Route("/packets/{pid}", guarded(packet)),
+        Route("/replays/{rid}", guarded(replayed)),
         Route("/users/{uid}/memories/{mid}/{verb}", guarded(act, post=True), methods=["POST"]),
         Route("/users/{uid}/memories/{mid}", guarded(memory)),
         Route("/users/{uid}/switch", guarded(switch, post=True), methods=["POST"]),

@@ -138,3 +138,34 @@ def test_weak_items_make_no_packet_and_the_audit_says_why() -> None:
     assert out.inbox_op is None
     assert (out.audit["action"], out.audit["reason"]) == ("suppress", "weak")
     assert [c["outcome"] for c in out.audit["candidates"]] == ["weak"]
+
+
+async def test_a_replay_answers_as_a_shadow_and_changes_nothing_the_session_sees() -> None:
+    """An operator's replay of a past request: recalled against today's memory, never a
+    packet, not dropped as stale although the session has moved on, not deduplicated against
+    what the session was just given, and the session's state keeps only its redelivery
+    record."""
+    tier = _Tier([candidate("a", "You parked on level 3", 2.0)])
+    tiers, seen = [TierSpec(tier)], Projection("v", True)
+    first = request(cv=5)
+    st, given = await respond(BrokerState(), first, tiers, seen, lambda: "v", TUNING)
+    assert given.inbox_op is not None  # injected: its item is recent in the session
+    st, _ = await respond(st, request(cv=9), tiers, seen, lambda: "v", TUNING)
+    replay = {**first, "requestId": "r-replay", "replayOf": first["requestId"]}
+    after, out = await respond(st, replay, tiers, seen, lambda: "v", TUNING)
+    assert out.inbox_op is None
+    assert (out.audit["action"], out.audit["reason"]) == ("shadow", "replay")
+    assert [c["outcome"] for c in out.audit["candidates"]] == ["kept"]
+    assert out.audit["packetId"] is not None  # what it would inject now
+    assert after.recent == st.recent and after.latest_cv == st.latest_cv
+    assert after.done[:-1] == st.done and after.done[-1][0] == "r-replay"
+    again_state, again = await respond(after, replay, tiers, seen, lambda: "v", TUNING)
+    assert again.replayed and again.audit == out.audit and again_state == after
+    # the same request without replayOf: dropped, the session has moved on
+    _, plain = await respond(st, {**first, "requestId": "r-plain"}, tiers, seen, lambda: "v",
+                             TUNING)
+    assert plain.audit["action"] == "drop" and plain.audit["reason"] == "stale-context"
+    # and at its own context version, its item is what the session was just given
+    _, dup = await respond(BrokerState(recent=st.recent), {**first, "requestId": "r-dup"},
+                           tiers, seen, lambda: "v", TUNING)
+    assert [c["outcome"] for c in dup.audit["candidates"]] == ["duplicate"]

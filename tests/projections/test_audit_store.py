@@ -20,7 +20,7 @@ from mnemoflow.projections.audit_store import AuditStore, LogRecord
 from factories import T0
 
 COUNTED = ("events", "segments", "audit", "candidates", "ops", "op_packets", "packets",
-           "packet_items", "memory_events", "skipped")
+           "packet_items", "memory_events", "requests", "skipped")
 
 
 def _counts(store: AuditStore) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's headless Chromium, driven by Selenium), against the
 real broker and a real worker: an operator opens a session's timeline, revokes the memory its
 packet held, with a reason; the next question's packet no longer holds it; the user's page
-and `mnemoflow audit --user` show the revoke with its reason and who did it."""
+and `mnemoflow audit --user` show the revoke with its reason and who did it; a replay of the
+first question's recall, answered by the worker, shows the memory gone."""
 
 from __future__ import annotations
 
@@ -80,6 +81,25 @@ def revoke_in_timeline(driver: webdriver.Chrome, url: str, session: str, text: s
     return mid, driver.find_element(By.ID, "msg").text
 
 
+def replay_in_browser(driver: webdriver.Chrome, url: str, packet_id: str, tmp: Path) -> str:
+    """On the packet's page: replay its recall; the replay page's table of candidates then
+    and now (the page reloads itself until the worker has answered)."""
+    driver.get(f"{url}/packets/{packet_id}")
+    driver.find_element(By.CSS_SELECTOR, "#replay button").click()
+    WebDriverWait(driver, 60).until(EC.presence_of_element_located((By.ID, "diff")))
+    _shot(driver, tmp, "console-replay.png")
+    return driver.find_element(By.ID, "diff").text
+
+
+async def packet_of(s, bootstrap: str, session: str) -> str:  # type: ignore[no-untyped-def]
+    """The id of the packet the broker injected in the session."""
+    got = await collect(s, bootstrap, ["audit"], lambda r: any(
+        a["sessionId"] == session and a["action"] == "inject" for a in r["audit"]), 60)
+    (pid,) = [a["packetId"] for a in got["audit"]
+              if a["sessionId"] == session and a["action"] == "inject"]
+    return str(pid)
+
+
 @contextlib.asynccontextmanager
 async def console(s, bootstrap: str) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
     source = KafkaSource(s, bootstrap, open_store(s, s.home / "console.duckdb"))
@@ -113,6 +133,7 @@ async def test_an_operator_revokes_a_memory_in_the_browser(
                 m["op"] in ("fact_upserted", "fact_proposed") for m in r["memory-log"]), 60)
             first = await ask(host, inbox, watcher, "ask-1", T0 + DAY)
             assert any("zq417x" in i["text"] for i in first), first
+            first_pid = await packet_of(s, kafka_bootstrap, "ask-1")
 
             async with console(s, kafka_bootstrap) as url:
                 driver = await asyncio.to_thread(_browser, tmp_path / "chromium")
@@ -134,6 +155,11 @@ async def test_an_operator_revokes_a_memory_in_the_browser(
 
                     actions = await asyncio.to_thread(user_page)
                     assert "memory_revoked" in actions and REASON in actions and "ops" in actions
+                    # the first question's recall, replayed against today's memory by the
+                    # worker: the revoked fact is gone from what it would give
+                    diff = await asyncio.to_thread(replay_in_browser, driver, url, first_pid,
+                                                   tmp_path)
+                    assert "zq417x" in diff and "gone" in diff, diff
                 finally:
                     await asyncio.to_thread(driver.quit)
         finally:
