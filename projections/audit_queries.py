@@ -407,3 +407,16 @@ def recall_diff(store: AuditStore, request_id: str, replay_id: str) -> Row | Non
 
     return {"sessionId": then["session_id"], "userId": then["user_id"],
             "then": answer(then), "now": answer(now), "candidates": rows}
+
+
+def inbox_counts(store: AuditStore) -> Row:
+    """What the inbox and the hosts' feedback say so far, for metrics: ops by kind, packets
+    claimed (the first claim in the log wins each) and packets reported delivered."""
+    ops = {r["op"]: r["n"] for r in store.rows("SELECT op, count(*) AS n FROM ops GROUP BY op")}
+    claimed = store.rows("""
+        SELECT count(DISTINCT p.packet_id) AS n FROM op_packets p JOIN ops o USING (op_id)
+        WHERE o.op = 'claim'""")[0]["n"]
+    delivered = store.rows("""
+        SELECT count(DISTINCT feedback_ref) AS n FROM events
+        WHERE feedback_kind = 'packet_delivered'""")[0]["n"]
+    return {"ops": ops, "packetsClaimed": claimed, "packetsDelivered": delivered}

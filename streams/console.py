@@ -9,7 +9,8 @@ it; a replay of one recall against today's memory, shown beside what was given t
 Actions (revoke, confirm, resolve, approve, memory off and on) are operator memory events
 with a reason, the same ones `mnemoflow memories` appends: nothing edits a projection. A
 replay is the past recall request sent again with `replayOf` (agents.broker: a shadow answer
-that changes nothing the session sees).
+that changes nothing the session sees). `/metrics` counts, from the same store, what hosts did
+with the packets (claims, deliveries), which the worker does not see.
 
 What it reads comes from a `ConsoleSource`: `KafkaSource` keeps its own audit store synced
 with the topics and tails the memory-log; the pages only query what it holds. Access: a
@@ -26,11 +27,13 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -230,6 +233,33 @@ def taken_from(source: ConsoleSource, items: dict[str, list[Row]]) -> dict[str, 
             for its in items.values() for i in its}
 
 
+class InboxCollector:
+    """Prometheus metrics of the inbox as the console's store holds it: what hosts did with
+    the packets (claims, deliveries), which the worker never sees. Counted from the log, so
+    they only grow while the topics are kept, and start again if the store is rebuilt."""
+
+    def __init__(self, store: AuditStore) -> None:
+        self.store = store
+
+    def describe(self) -> list[Metric]:
+        return []  # the metrics are known once the store is read (no collection at register)
+
+    def collect(self) -> Iterator[Metric]:
+        counts = Q.inbox_counts(self.store)
+        ops = CounterMetricFamily("mnemoflow_inbox_ops", "Inbox ops in the log, by op "
+                                  "(inject: the broker wrote a packet; claim: a host took "
+                                  "packets; expire, remove, steer)", labels=["op"])
+        for op in ("inject", "claim", "expire", "remove", "steer"):
+            ops.add_metric([op], counts["ops"].get(op, 0))
+        yield ops
+        yield CounterMetricFamily("mnemoflow_packets_claimed", "Packets a host claimed (the "
+                                  "first claim op in the log wins each)",
+                                  value=counts["packetsClaimed"])
+        yield CounterMetricFamily("mnemoflow_packets_delivered", "Packets a host reported "
+                                  "delivered (feedback packet_delivered)",
+                                  value=counts["packetsDelivered"])
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -386,6 +416,12 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"ok": True})
 
+    registry = CollectorRegistry()
+    registry.register(InboxCollector(source.store))
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
     def guarded(handler: Handler, post: bool = False) -> Handler:
         async def run(request: Request) -> Response:
             why = access_refusal(token, request.headers.get("host"),
@@ -427,6 +463,7 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         Route("/users/{uid}", guarded(user)),
         Route("/login", login),
         Route("/healthz", healthz),
+        Route("/metrics", guarded(metrics)),
     ])
 
 

@@ -225,3 +225,19 @@ async def test_a_replay_shows_what_recall_gives_now(tmp_path: Path) -> None:
     assert len(h.runner.logs["inbox"]) == inbox_before
     (sent,) = [v for v in source.appended if "replayOf" in v]
     assert sent["replayOf"] and sent["sessionId"] == "ask-1"
+
+
+async def test_the_metrics_count_what_the_inbox_and_the_feedback_hold(tmp_path: Path) -> None:
+    logs = await pipeline_logs(tmp_path)
+    ops = [v for _, v in logs["inbox"]]
+    delivered = {v["feedbackRef"] for _, v in logs["session-events"]
+                 if v["feedbackKind"] == "packet_delivered"}
+    claimed = {p for o in ops if o["op"] == "claim" for p in o["packetIds"]}
+    assert claimed and delivered  # user-1 claims and reports its packet
+    with _client(HeldSource(log_records(logs))) as c:
+        text = c.get("/metrics").text
+    for op in ("inject", "claim", "expire", "remove", "steer"):
+        n = sum(o["op"] == op for o in ops)
+        assert f'mnemoflow_inbox_ops_total{{op="{op}"}} {float(n)}' in text
+    assert f"mnemoflow_packets_claimed_total {float(len(claimed))}" in text
+    assert f"mnemoflow_packets_delivered_total {float(len(delivered))}" in text
