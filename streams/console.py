@@ -205,8 +205,8 @@ def user_page(view: OwnerMemories, actions: list[Row], now_ms: int) -> Row:
     for key, sides in store.conflicts.items():
         conflicts.append({"slot": " / ".join(key), "sides": [
             {**dict(s), "status": view.status(s["memoryId"]),
-             "text": (store.records.get(s["memoryId"]).text  # type: ignore[union-attr]
-                      if s["memoryId"] in store.records else "")} for s in sides]})
+             "text": r.text if (r := store.records.get(s["memoryId"])) else ""}
+            for s in sides]})
     procedures = [{"id": pid, "intent": p.intent, "stage": p.stage, "risk": p.risk_level,
                    "requiresApproval": p.requires_approval, "approved": p.approved,
                    "steps": list(p.steps),
@@ -290,9 +290,9 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
 
     async def find(request: Request) -> Response:
         q = request.query_params.get("q", "").strip()
-        if q and Q.resolve_packet(source.store, q)[:1]:
-            return RedirectResponse(f"/packets/{quote(Q.resolve_packet(source.store, q)[0])}",
-                                    303)
+        packets = Q.resolve_packet(source.store, q) if q else []
+        if packets:
+            return RedirectResponse(f"/packets/{quote(packets[0])}", 303)
         if q and Q.session_timeline(source.store, q) is not None:
             return RedirectResponse(f"/sessions/{quote(q)}", 303)
         if q and (Q.user_view(source.store, q) is not None or source.events_of(q)):
@@ -308,9 +308,12 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         return page(request, "session.html", s=timeline, items=items,
                     sources=taken_from(source, items))
 
-    async def packet(request: Request) -> Response:
+    def chain_of(request: Request) -> Row | None:
         ids = Q.resolve_packet(source.store, request.path_params["pid"])
-        chain = Q.packet_chain(source.store, ids[0]) if len(ids) == 1 else None
+        return Q.packet_chain(source.store, ids[0]) if len(ids) == 1 else None
+
+    async def packet(request: Request) -> Response:
+        chain = chain_of(request)
         if chain is None:
             return missing(request, f"packet {request.path_params['pid']!r}")
         rid = chain["broker"]["requestId"] if chain["broker"] else None
@@ -321,8 +324,7 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
     async def replay(request: Request) -> Response:
         """Send the packet's request again, marked a replay: the worker answers it against
         today's memory with a shadow audit; then show what changed."""
-        ids = Q.resolve_packet(source.store, request.path_params["pid"])
-        chain = Q.packet_chain(source.store, ids[0]) if len(ids) == 1 else None
+        chain = chain_of(request)
         back = f"/packets/{quote(request.path_params['pid'])}"
         past = Q.request_of(source.store, chain["broker"]["requestId"]) \
             if chain and chain["broker"] else None

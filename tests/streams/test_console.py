@@ -17,7 +17,7 @@ from mnemoflow.projections.audit_store import TOPICS, LogRecord
 from mnemoflow.projections.owner_memories import fold_owner
 from mnemoflow.streams.console import HeldSource, access_refusal, create_app, memory_actions
 
-from factories import T0
+from factories import T0, locker_code
 
 LOCAL = "http://127.0.0.1"
 Row = dict[str, Any]
@@ -241,3 +241,19 @@ async def test_the_metrics_count_what_the_inbox_and_the_feedback_hold(tmp_path: 
         assert f'mnemoflow_inbox_ops_total{{op="{op}"}} {float(n)}' in text
     assert f"mnemoflow_packets_claimed_total {float(len(claimed))}" in text
     assert f"mnemoflow_packets_delivered_total {float(len(delivered))}" in text
+
+
+def test_a_conflict_is_shown_with_both_sides_and_resolved_from_the_page() -> None:
+    old, new = locker_code("alice", "zq417x", T0), locker_code("alice", "kk555m", T0 + 10)
+    source = HeldSource([LogRecord("memory-log", 0, i, ev) for i, ev in enumerate((old, new))])
+    with _client(source) as c:
+        page = c.get("/users/alice").text
+        sets = page.split("<h2>Conflict sets</h2>", 1)[1].split("<h2>", 1)[0]
+        assert "locker code is zq417x" in sets and "locker code is kk555m" in sets
+        assert sets.count("/resolve") == 2  # a resolve per side
+        r = c.post(f"/users/alice/memories/{new['memoryId']}/resolve",
+                   data={"csrf": _csrf(page), "reason": "the user confirmed the new code"})
+        assert f"fact_confirmed {new['memoryId']} by ops" in r.text
+    view = fold_owner(source.events_of("alice"), "alice")
+    assert view.status(new["memoryId"]) == "recallable"
+    assert view.status(old["memoryId"]) != "recallable"
