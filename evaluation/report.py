@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -23,6 +24,50 @@ PUBLISHED = {
 
 def _curve(overall: dict[str, Any], prefix: str, metric: str) -> list[float | None]:
     return [overall.get(f"{prefix}{metric}@{k}") for k in KS]
+
+
+def latency_cdf(path: Path, lat: list[float]) -> None:
+    """The share of packets built within x ms of their event, with p50, p95 and p99 marked."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if lat:
+        xs = np.sort(np.asarray(lat, dtype=float))
+        ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post")
+        for q in (50, 95, 99):
+            v = float(np.percentile(xs, q))
+            ax.axvline(v, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(f"p{q} {v:.0f}", (v, q / 100), fontsize=7, xytext=(3, -10),
+                        textcoords="offset points")
+        ax.set_xscale("log" if xs[0] > 0 and xs[-1] / max(xs[0], 1e-9) > 100 else "linear")
+    ax.set_xlabel("event -> packet (ms, from audit records)")
+    ax.set_ylabel("share of packets")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"latency CDF ({len(lat)} packets)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def packets_per_100(path: Path, result: dict[str, Any]) -> None:
+    """Packets per 100 events of each kind: ordinary turns (the haystack: the fewer the
+    better), questions with an answer in memory, and questions without one (where a packet
+    can only be noise)."""
+    overall, p = result["summary"]["overall"], result["pipeline"]
+    bars = {"ordinary turns": p["ordinary_turn_packets_per_100_events"],
+            "questions": 100 * (overall.get("packet_rate") or 0.0)}
+    if "abstention" in result["summary"]:
+        bars["questions with no answer"] = 100 * (
+            result["summary"]["abstention"].get("packet_rate") or 0.0)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(list(bars), list(bars.values()), color=["#9aa5b1", "#3b7dd8", "#d8733b"][:len(bars)])
+    for i, v in enumerate(bars.values()):
+        ax.annotate(f"{v:.1f}", (i, v), ha="center", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.set_ylabel("packets per 100 events")
+    ax.set_ylim(0, 105)
+    ax.set_title("when a packet comes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def write(out: Path, name: str, result: dict[str, Any]) -> None:
@@ -50,14 +95,8 @@ def write(out: Path, name: str, result: dict[str, Any]) -> None:
     fig.savefig(out / "recall_at_k.png", dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    if lat:
-        ax.hist(lat, bins=40)
-    ax.set_xlabel("event -> packet (ms, from audit records)")
-    ax.set_ylabel("packets")
-    fig.tight_layout()
-    fig.savefig(out / "latency_hist.png", dpi=110)
-    plt.close(fig)
+    latency_cdf(out / "latency_cdf.png", lat)
+    packets_per_100(out / "packets_per_100.png", result)
 
     cats = result["summary"]["per_category"]
     key = f"{metric}@10"
@@ -126,6 +165,6 @@ def write(out: Path, name: str, result: dict[str, Any]) -> None:
         a = result["summary"]["abstention"]
         lines += ["", f"Abstention questions (reported apart, n={a['n']}): "
                   f"trigger {a.get('triggered', 0):.3f}"]
-    lines += ["", "![recall](recall_at_k.png) ![latency](latency_hist.png) "
-              "![categories](per_category.png)", ""]
+    lines += ["", "![recall](recall_at_k.png) ![latency](latency_cdf.png) "
+              "![packets](packets_per_100.png) ![categories](per_category.png)", ""]
     (out / "report.md").write_text("\n".join(lines))

@@ -33,7 +33,8 @@ def _check(out, name: str, n_questions: int) -> dict:
         assert df.filter((pl.col("packet_items") == 0) & (pl.col("packet_turn_recall") > 0)).height == 0
     # the packets the metrics saw are the ones on the inbox: bytes are counted from them
     assert res["pipeline"]["packets"] >= df.filter(pl.col("packet_items") > 0).height
-    for f in ("report.md", "recall_at_k.png", "latency_hist.png", "per_category.png"):
+    for f in ("report.md", "recall_at_k.png", "latency_cdf.png", "packets_per_100.png",
+              "per_category.png"):
         assert (out / f).stat().st_size > 0
     assert res["mode"] in ("soft", "shadow")
     return res
