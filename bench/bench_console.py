@@ -72,7 +72,8 @@ def main() -> None:
         }
         floor = pct(timed(lambda _: c.get("/healthz"), range(args.pages)))
     queries = {
-        "index": pct(timed(lambda _: Q.recent_sessions(store), range(args.pages))),
+        "index": pct(timed(lambda _: (Q.recent_sessions(store), Q.recent_users(store)),
+                           range(args.pages))),
         "session": pct(timed(session_queries, sids)),
         "packet": pct(timed(lambda p: Q.packet_chain(store, p), pids)),
         "user": pct(timed(user_queries, users)),

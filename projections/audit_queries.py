@@ -338,6 +338,16 @@ def recent_sessions(store: AuditStore, limit: int = 50) -> list[Row]:
     return [_camel(r) for r in rows]
 
 
+def recent_users(store: AuditStore, limit: int = 50) -> list[Row]:
+    """The users with the newest events first: sessions, events, last event time."""
+    rows = store.rows("""
+        SELECT user_id, count(DISTINCT session_id) AS sessions, count(*) AS events,
+               max(event_time) AS last
+        FROM segments WHERE user_id IS NOT NULL
+        GROUP BY user_id ORDER BY last DESC, user_id LIMIT ?""", [limit])
+    return [_camel(r) for r in rows]
+
+
 def operator_actions(store: AuditStore, owner: str) -> list[Row]:
     """What operators did to the owner's memories (source operator: the action, its reason
     and who), newest first."""

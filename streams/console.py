@@ -286,6 +286,7 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
 
     async def index(request: Request) -> Response:
         return page(request, "index.html", sessions=Q.recent_sessions(source.store),
+                    users=Q.recent_users(source.store),
                     folded={t: source.store.count(t) for t in ("events", "audit", "packets")})
 
     async def find(request: Request) -> Response:

@@ -46,6 +46,8 @@ def test_the_pages_show_the_chain_and_the_memories(source: HeldSource) -> None:
     with _client(source) as c:
         index = c.get("/").text
         assert "/sessions/ask-1" in index and "/users/user-1" in index
+        users = index.split('id="users"', 1)[1]
+        assert "/users/user-1" in users and "/users/user-2" in users
         session = c.get("/sessions/ask-1").text
         assert FACT in session and "Revoke" in session and QUESTION in session
         assert "inject" in session  # the inbox op that carried the packet
