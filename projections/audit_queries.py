@@ -376,16 +376,16 @@ def request_of(store: AuditStore, request_id: str) -> Row | None:
 
 
 def replays_of(store: AuditStore, request_id: str) -> list[Row]:
-    """The operators' replays of a request, each with its broker answer if there is one yet,
-    in the order they were answered."""
-    ids = [r["request_id"] for r in _where(store, "requests", "replay_of", request_id,
-                                           "request_id")]
+    """The operators' replays of a request, each with who asked for it and its broker answer
+    if there is one yet, in the order they were answered."""
+    asked = {r["request_id"]: r["replay_by"] for r in _where(
+        store, "requests", "replay_of", request_id, "request_id, replay_by")}
     answers = {a["request_id"]: a for a in _where_in(
-        store, "audit", "request_id", ids, "request_id, stage, action, reason, emit_time")
+        store, "audit", "request_id", list(asked), "request_id, stage, action, reason, emit_time")
         if a["stage"] == "broker"}
-    out = [{"requestId": i, "action": answers.get(i, {}).get("action"),
+    out = [{"requestId": i, "by": by, "action": answers.get(i, {}).get("action"),
             "reason": answers.get(i, {}).get("reason"),
-            "answeredAt": answers.get(i, {}).get("emit_time")} for i in ids]
+            "answeredAt": answers.get(i, {}).get("emit_time")} for i, by in asked.items()]
     return sorted(out, key=lambda r: (r["answeredAt"] is None, r["answeredAt"] or 0,
                                       r["requestId"]))
 

@@ -26,7 +26,7 @@ import duckdb
 import pyarrow as pa
 
 # bumped whenever a table changes: a file of another layout is emptied and folded again
-LAYOUT = "3"
+LAYOUT = "4"
 # the topics folded, by base name (memory-shared holds the Session and Workspace memories)
 TOPICS = ("session-events", "segments", "audit", "inbox", "memory-log", "memory-shared",
           "recall-requests")
@@ -103,7 +103,8 @@ TABLES = (
         ("source", _S), ("reason", _S), ("actor", _S)), ("event_id",)),
     Table("requests", (  # recall-requests: the gate's requests whole (a replay re-sends one)
         ("request_id", _S), ("session_id", _S), ("user_id", _S), ("event_time", _L),
-        ("event_seq", _L), ("replay_of", _S), ("value", _S)), ("request_id",)),
+        ("event_seq", _L), ("replay_of", _S), ("replay_by", _S), ("value", _S)),
+     ("request_id",)),
     Table("skipped", (  # records that did not decode: counted, never retried
         ("topic", _S), ("part", _I), ("log_offset", _L), ("error", _S)),
      ("topic", "part", "log_offset")),
@@ -222,7 +223,8 @@ def _request_rows(v: dict[str, Any], out: dict[str, list[dict[str, Any]]]) -> No
     out["requests"].append({
         "request_id": v["requestId"], "session_id": v["sessionId"], "user_id": v["userId"],
         "event_time": v["eventTime"], "event_seq": v["eventSeq"],
-        "replay_of": v.get("replayOf"), "value": json.dumps(v, sort_keys=True)})
+        "replay_of": v.get("replayOf"), "replay_by": v.get("replayBy"),
+        "value": json.dumps(v, sort_keys=True)})
 
 
 def rows_of(records: Iterable[LogRecord]) -> dict[str, list[dict[str, Any]]]:

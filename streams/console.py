@@ -335,7 +335,7 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         first = past.get("replayOf") or past["requestId"]  # a replay of a replay: the first
         now_ms = int(time.time() * 1000)
         again = {**(Q.request_of(source.store, first) or past), "replayOf": first,
-                 "requestId": stable_id("req", "replay", first, str(now_ms))}
+                 "replayBy": actor, "requestId": stable_id("req", "replay", first, str(now_ms))}
         await source.send_request(again)
         deadline = time.monotonic() + replay_wait_s
         while True:
@@ -352,7 +352,7 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         if sent is None or not sent.get("replayOf"):
             return missing(request, f"replay {rid!r}")
         return page(request, "replay.html", rid=rid, first=sent["replayOf"],
-                    d=Q.recall_diff(source.store, sent["replayOf"], rid))
+                    by=sent.get("replayBy"), d=Q.recall_diff(source.store, sent["replayOf"], rid))
 
     async def user(request: Request) -> Response:
         uid = request.path_params["uid"]

@@ -214,6 +214,7 @@ async def test_a_replay_shows_what_recall_gives_now(tmp_path: Path) -> None:
         r = c.post(f"/packets/{pid}/replay", data={"csrf": _csrf(packet)})
         assert r.url.path.startswith("/replays/req:"), r.url
         page = r.text
+        assert "at the request of <b>ops</b>" in page
         # then injected; now the only candidate left is the instruction-like text, which
         # the safety gate holds back: nothing would be injected today
         assert "<td><b>then</b></td><td>inject: warm</td>" in page
@@ -226,7 +227,7 @@ async def test_a_replay_shows_what_recall_gives_now(tmp_path: Path) -> None:
         assert r.url.path.rsplit("/", 1)[1] in c.get(f"/packets/{pid}").text.replace("%3A", ":")
     assert len(h.runner.logs["inbox"]) == inbox_before
     (sent,) = [v for v in source.appended if "replayOf" in v]
-    assert sent["replayOf"] and sent["sessionId"] == "ask-1"
+    assert sent["replayOf"] and sent["sessionId"] == "ask-1" and sent["replayBy"] == "ops"
 
 
 async def test_the_metrics_count_what_the_inbox_and_the_feedback_hold(tmp_path: Path) -> None:
