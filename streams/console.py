@@ -306,7 +306,10 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         if timeline is None:
             return missing(request, f"session {sid!r}")
         items = Q.session_packet_items(source.store, sid)
-        return page(request, "session.html", s=timeline, items=items,
+        now_ms = int(time.time() * 1000)
+        off = {u: fold_owner(source.events_of(u), u).store.controls.off(u, sid, now_ms)
+               for u in timeline["userIds"]}
+        return page(request, "session.html", s=timeline, items=items, off=off,
                     sources=taken_from(source, items))
 
     def chain_of(request: Request) -> Row | None:

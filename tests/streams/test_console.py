@@ -121,7 +121,15 @@ def test_memory_off_and_on_from_the_user_page(source: HeldSource) -> None:
         assert "memory off for user-1 by ops: user paused memory" in off.text
         assert "Memory is <b class=\"bad\">off</b>" in off.text
         c.post("/users/user-1/switch", data={"csrf": csrf, "memory": "on", "reason": "back"})
-    first, second = source.appended
+        page = c.get("/sessions/ask-1").text
+        assert "Memory off for this session" in page
+        session_off = c.post("/users/user-1/switch", data={
+            "csrf": csrf, "memory": "off", "session": "ask-1", "reason": "this chat only",
+            "next": "/sessions/ask-1"})
+        assert "memory off for session ask-1 of user-1 by ops: this chat only" in session_off.text
+        assert "Memory on for this session" in session_off.text  # the button turns it back on
+    first, second, third = source.appended
+    assert third["op"] == "memory_disabled" and third["attributes"]["session"] == "ask-1"
     assert (first["op"], second["op"]) == ("memory_disabled", "memory_enabled")
     assert second["eventTime"] > first["eventTime"]
     assert first["attributes"]["reason"] == "user paused memory"
