@@ -86,7 +86,6 @@ class KafkaSource:
         self.bootstrap = bootstrap
         self.store = store
         self._by_owner: dict[str, list[Row]] = {}
-        self._read = 0
         self._lock = asyncio.Lock()
         self._stack = contextlib.AsyncExitStack()
 
@@ -109,10 +108,10 @@ class KafkaSource:
         async with self._lock:
             await sync(self.store, self.settings, self.bootstrap)
             records = await self._reader.drain()
-            for r in records[self._read:]:
+            for r in records:
                 if r.value is not None:
                     self._by_owner.setdefault(r.value["owner"], []).append(r.value)
-            self._read = len(records)
+            records.clear()  # the reader keeps what it read; here it is kept once, by owner
 
     def events_of(self, owner: str) -> list[Row]:
         return self._by_owner.get(owner, [])
