@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 
 from mnemoflow.projections import audit_queries as Q
 from mnemoflow.projections.owner_memories import fold_owner
-from mnemoflow.streams.console import HeldSource, create_app, taken_from, user_page
+from mnemoflow.streams.console import HeldSource, create_app, session_memory, user_page
 
 TARGET_MS = 300.0
 
@@ -47,8 +47,9 @@ def main() -> None:
     users = rng.sample(sorted({v["userId"] for _, v in logs["session-events"]}), args.pages)
 
     def session_queries(sid: str) -> None:
-        Q.session_timeline(store, sid)
-        taken_from(source, Q.session_packet_items(store, sid))
+        timeline = Q.session_timeline(store, sid)
+        session_memory(source, timeline["userIds"],  # type: ignore[index]
+                       Q.session_packet_items(store, sid))
 
     def user_queries(uid: str) -> None:
         user_page(fold_owner(source.events_of(uid), uid), Q.user_view(store, uid)[

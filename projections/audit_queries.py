@@ -330,7 +330,7 @@ def user_view(store: AuditStore, user_id: str) -> Row | None:
 
 def recent_sessions(store: AuditStore, limit: int = 50) -> list[Row]:
     """The sessions with the newest events first (every input event has a segment): user,
-    first and last event time, events, and the gate's fired decisions."""
+    first and last event time, and the number of segments."""
     rows = store.rows("""
         SELECT session_id, any_value(user_id) AS user_id, min(event_time) AS first,
                max(event_time) AS last, count(*) AS events

@@ -5,9 +5,10 @@ folded into one embedded DuckDB file, for `mnemoflow audit` and the console (que
 The file is derived data, rebuilt from the topics at will. Each table's primary key is the
 record's own id (auditId, opId, segmentId, (sessionId, eventSeq), eventId, requestId), and
 every insert ignores a key it already holds, so folding a record twice (a redelivery, a sync
-that re-reads) changes nothing. The next offset to read of every topic partition is kept in the same file and
-written in the same transaction as the rows of the records below it: a crash rolls back both,
-so the store never holds a record it would read again as new, nor an offset past a lost row.
+that re-reads) changes nothing. The next offset to read of every topic partition is kept in
+the same file and written in the same transaction as the rows of the records below it: a
+crash rolls back both, so the store never holds a record it would read again as new, nor an
+offset past a lost row.
 
 Nothing here reads Kafka: `fold` takes decoded records (`LogRecord`); `streams/audit_sync.py`
 is the I/O. Rows go in through Arrow, one INSERT per table per batch: DuckDB's row-by-row

@@ -223,13 +223,15 @@ def user_page(view: OwnerMemories, actions: list[Row], now_ms: int) -> Row:
             "markdown": block.split(MD.RECORDS, 1)[0].rstrip()}
 
 
-def taken_from(source: ConsoleSource, items: dict[str, list[Row]]) -> dict[str, list[str]]:
-    """What each packet item was taken from (a fact's segment), by memory id, from each
-    owner's fold as it is now."""
-    owners = {i["owner"] for its in items.values() for i in its}
-    stores = {o: fold_owner(source.events_of(o), o).store for o in owners}
-    return {i["memoryId"]: sorted(stores[i["owner"]].sources.get(i["memoryId"], ()))
-            for its in items.values() for i in its}
+def session_memory(source: ConsoleSource, users: list[str], items: dict[str, list[Row]]
+                   ) -> tuple[dict[str, list[str]], dict[str, OwnerMemories]]:
+    """What each packet item was taken from (a fact's segment), by memory id, and the fold
+    of each owner involved (the session's users, the items' owners), each folded once."""
+    owners = {*users, *(i["owner"] for its in items.values() for i in its)}
+    views = {o: fold_owner(source.events_of(o), o) for o in sorted(owners)}
+    sources = {i["memoryId"]: sorted(views[i["owner"]].store.sources.get(i["memoryId"], ()))
+               for its in items.values() for i in its}
+    return sources, views
 
 
 class InboxCollector:
@@ -305,11 +307,11 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         if timeline is None:
             return missing(request, f"session {sid!r}")
         items = Q.session_packet_items(source.store, sid)
+        sources, views = session_memory(source, timeline["userIds"], items)
         now_ms = int(time.time() * 1000)
-        off = {u: fold_owner(source.events_of(u), u).store.controls.off(u, sid, now_ms)
-               for u in timeline["userIds"]}
+        off = {u: views[u].store.controls.off(u, sid, now_ms) for u in timeline["userIds"]}
         return page(request, "session.html", s=timeline, items=items, off=off,
-                    sources=taken_from(source, items))
+                    sources=sources)
 
     def chain_of(request: Request) -> Row | None:
         ids = Q.resolve_packet(source.store, request.path_params["pid"])
