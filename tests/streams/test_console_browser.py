@@ -67,15 +67,16 @@ def _shot(driver: webdriver.Chrome, tmp: Path, name: str) -> None:
 
 def revoke_in_timeline(driver: webdriver.Chrome, url: str, session: str, text: str,
                        tmp: Path) -> tuple[str, str]:
-    """On the session's page: the packet item holding `text`, revoked through its form with
-    the reason, and with what it was taken from (checked by default where it has a source).
-    The memory id, and the message the console answered with."""
+    """On the session's page: the first packet item holding `text`, revoked through its form
+    with the reason, and with what it was taken from where it has a source (a fact: checked by
+    default; a segment has none). The memory id, and the message the console answered with."""
     driver.get(f"{url}/sessions/{session}")
     _shot(driver, tmp, "console-session.png")
-    (row,) = driver.find_elements(By.XPATH, f"//tr[@class='item'][td[contains(., '{text}')]]")
+    row = driver.find_elements(By.XPATH, f"//tr[@class='item'][td[contains(., '{text}')]]")[0]
     mid = row.find_element(By.CSS_SELECTOR, "td.mono a").text
     row.find_element(By.NAME, "reason").send_keys(REASON)
-    assert row.find_element(By.NAME, "sources").is_selected()
+    boxes = row.find_elements(By.NAME, "sources")
+    assert [b.is_selected() for b in boxes] == ([True] if mid.startswith("fact:") else []), mid
     row.find_element(By.TAG_NAME, "button").click()
     WebDriverWait(driver, 30).until(EC.presence_of_element_located((By.ID, "msg")))
     return mid, driver.find_element(By.ID, "msg").text
@@ -140,10 +141,11 @@ async def test_an_operator_revokes_a_memory_in_the_browser(
                 try:
                     mid, said = await asyncio.to_thread(revoke_in_timeline, driver, url,
                                                         "ask-1", "zq417x", tmp_path)
-                    # the packet's fact, and the segment it was extracted from: revoking
-                    # the segment takes the fact with it (a cascade), or both are revoked
+                    # the packet held the fact or (seen once, in a fresh-clone make test) the
+                    # segment it was extracted from: either way the segment is revoked, and
+                    # its cascade takes the fact
                     assert f"by ops: {REASON}" in said and "memory_revoked seg:" in said, said
-                    assert mid.startswith("fact:"), mid
+                    assert mid.startswith(("fact:", "seg:")), mid
 
                     second = await ask(host, inbox, watcher, "ask-2", T0 + 2 * DAY)
                     assert all("zq417x" not in i["text"] for i in second), second
