@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mnemoflow.agents.injection_model import InjectionModel
 from mnemoflow.agents.injection_normalise import NormalisedText, normalise
 from mnemoflow.agents.injection_predicates import Predicate
 from mnemoflow.agents.injection_scan import AnchorIndex, Pattern, View
@@ -49,15 +50,27 @@ _CONTINUATION = re.compile(r"\b(?:and|then|but)\b|[,;:&]")
 _TOKEN = re.compile(r"\w+")
 
 
+@dataclass(frozen=True)
+class ModelRule:
+    """The classifier's place in the rule table: it speaks only when no rule fired."""
+
+    rule_id: str
+    name: str
+    rationale: str
+    model: InjectionModel
+
+
 @dataclass(frozen=True, eq=False)
 class RuleSet:
-    """The compiled rules plus the named patterns and word lists their predicates read."""
+    """The compiled rules plus the named patterns and word lists their predicates read, and the
+    classifier (`model`) that judges what no rule matched."""
 
     rules: tuple[Rule, ...]
     groups: Mapping[str, tuple[Pattern, ...]]
     word_lists: Mapping[str, frozenset[str]]
     vocab: frozenset[str]  # words the de-obfuscated view may be rebuilt towards
     index: AnchorIndex  # the anchors of all patterns, looked up once per view
+    model: ModelRule | None = None
 
     def rule(self, rule_id: str) -> Rule:
         for r in self.rules:
@@ -113,7 +126,19 @@ class RuleSet:
         return (found[0].rule_id, found[1]) if found else None
 
     def detect(self, text: str) -> InjectionVerdict:
-        """Check one memory text; rules run in file order and the first hit decides."""
+        """The combined verdict: the rules in file order (the first hit decides), then the
+        classifier, whose evidence is its score and the words that weighed most."""
+        verdict = self.detect_by_rules(text)
+        if verdict.flagged or self.model is None or not text.strip():
+            return verdict
+        m = self.model
+        p = m.model.score(text)
+        if p < m.model.threshold:
+            return CLEAN
+        return InjectionVerdict(True, m.rule_id, m.name, f"p={p:.2f}: {m.model.evidence(text)}")
+
+    def detect_by_rules(self, text: str) -> InjectionVerdict:
+        """The rules alone, in file order; the first hit decides."""
         if not text or not text.strip():
             return CLEAN
         found = self._first(self.normalise(text), decoded=False)
@@ -129,6 +154,10 @@ class RuleSet:
 
         rows = ["| id | name | rationale |", "|---|---|---|"]
         rows += [f"| {r.rule_id} | {cell(r.name)} | {cell(r.rationale)} |" for r in self.rules]
+        if self.model is not None:
+            m = self.model
+            rows.append(f"| {m.rule_id} | {cell(m.name)} | {cell(m.rationale)} (weights "
+                        f"{m.model.version}, threshold {m.model.threshold:g}) |")
         mention = ", ".join(r.rule_id for r in self.rules if r.mention_ok)
         rows += ["", f"Quoted mentions in a discussion frame pass for {mention}; every other rule "
                  "fires whatever the quoting."]

@@ -13,6 +13,7 @@ with one. The checks below are what makes that safe: a start is one balanced alt
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from collections.abc import Mapping
@@ -21,13 +22,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from mnemoflow.agents.injection_engine import Rule, RuleSet
+from mnemoflow.agents.injection_engine import ModelRule, Rule, RuleSet
+from mnemoflow.agents.injection_model import load_model
 from mnemoflow.agents.injection_predicates import PREDICATES, Predicate
 from mnemoflow.agents.injection_scan import FLAGS, AnchorIndex, Pattern
 
 RULES_FILE = "injection_rules.toml"
 _VERSION = 1
-_TOP_KEYS = {"version", "context_window", "fragments", "words", "rules", "patterns"}
+_TOP_KEYS = {"version", "context_window", "fragments", "words", "rules", "patterns", "model"}
+_MODEL_KEYS = {"id", "name", "rationale", "file", "threshold"}
 _RULE_KEYS = {"id", "name", "rationale", "patterns", "predicate", "mention_ok", "deobfuscate",
               "on_decoded"}
 _ENTRY_KEYS = {"regex", "starts", "then", "context"}
@@ -43,21 +46,32 @@ class RuleFileError(ValueError):
 
 
 def load_rules(path: Path | str | None = None,
-               predicates: Mapping[str, Predicate] = PREDICATES) -> RuleSet:
-    """Read and compile a rules file (default: the packaged one). Each call builds a new RuleSet."""
+               predicates: Mapping[str, Predicate] = PREDICATES, *, model: bool = True
+               ) -> RuleSet:
+    """Read and compile a rules file (default: the packaged one). Each call builds a new RuleSet.
+    `model=False` leaves out the classifier (its trainer scores the rules alone)."""
     if path is None:
         text = resources.files("mnemoflow.agents").joinpath(RULES_FILE).read_text(encoding="utf-8")
-        return parse_rules(text, predicates, RULES_FILE)
-    return parse_rules(Path(path).read_text(encoding="utf-8"), predicates, str(path))
+        return parse_rules(text, predicates, RULES_FILE, model=model)
+    path = Path(path)
+    return parse_rules(path.read_text(encoding="utf-8"), predicates, str(path), path.parent,
+                       model=model)
 
 
 def parse_rules(text: str, predicates: Mapping[str, Predicate] = PREDICATES,
-                source: str = "<rules>") -> RuleSet:
+                source: str = "<rules>", directory: Path | None = None, *, model: bool = True
+                ) -> RuleSet:
+    """`directory`: where a [model] file is read from (default: this package)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise RuleFileError(f"{source}: not valid TOML: {e}") from e
-    return _Loader(data, predicates, source).rule_set()
+    loader = _Loader(data, predicates, source)
+    rules = loader.rule_set()
+    table = data.get("model")
+    if table is None or not model:
+        return rules
+    return dataclasses.replace(rules, model=loader.model_rule(table, rules, directory))
 
 
 class _Loader:
@@ -114,6 +128,22 @@ class _Loader:
         return RuleSet(rules, MappingProxyType(groups),
                        MappingProxyType({k: frozenset(v) for k, v in self.words.items()}), vocab,
                        index)
+
+    def model_rule(self, raw: object, rules: RuleSet, directory: Path | None) -> ModelRule:
+        if not isinstance(raw, dict) or set(raw) != _MODEL_KEYS:
+            raise self.fail("model", f"expected a table with exactly {sorted(_MODEL_KEYS)}")
+        rule_id = self.text(raw["id"], "model id")
+        if any(r.rule_id == rule_id for r in rules.rules):
+            raise self.fail("model", f"id {rule_id!r} is also a rule's")
+        threshold = raw["threshold"]
+        if not isinstance(threshold, float) or not 0.0 < threshold < 1.0:
+            raise self.fail("model", "threshold: expected a float between 0 and 1")
+        try:
+            model = load_model(self.text(raw["file"], "model file"), threshold, directory)
+        except (OSError, ValueError, KeyError) as e:
+            raise self.fail("model", f"cannot load {raw['file']!r}: {e}") from e
+        return ModelRule(rule_id, self.text(raw["name"], "model name"),
+                         self.text(raw["rationale"], "model rationale"), model)
 
     # ----------------------------------------------------------------------- words, fragments
 

@@ -1,7 +1,8 @@
 """G-03 safety gate before the broker: memory is reference material, never a new instruction.
 
 Checked per kept item: another scope -> suppress(scope); revoked -> suppress(revoked);
-instruction-like text -> suppress(injection); a high-risk procedure -> ask. Unsafe items are
+instruction-like text (the rules, then the classifier; procedures by the rules alone) ->
+suppress(injection); a high-risk procedure -> ask. Unsafe items are
 dropped with their reason; the packet verdict is `ask` if a high-risk procedure remains,
 `suppress` if nothing remains, else `allow`.
 """
@@ -41,7 +42,10 @@ def check_item(r: Ranked, chain: frozenset[tuple[str, str]], rules: RuleSet) -> 
         return ItemVerdict(r, "suppress", "scope")
     if c.revoked:
         return ItemVerdict(r, "suppress", "revoked")
-    inj = rules.detect(c.text)
+    # a procedure is a checklist learned from the user's own runs, imperative by design and
+    # gated by its stage and risk (`ask`); the classifier, which scores imperatives aimed at
+    # the model, would read every one as an order, so only the rules judge it
+    inj = rules.detect_by_rules(c.text) if c.kind == "procedure" else rules.detect(c.text)
     if inj.flagged:
         return ItemVerdict(r, "suppress", f"injection:{inj.rule_id}")
     if c.kind == "procedure" and c.risk_level == "high":
