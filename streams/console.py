@@ -448,14 +448,14 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         async with contextlib.AsyncExitStack() as stack:
             if lifecycle is not None:
                 await stack.enter_async_context(lifecycle())
-            task = asyncio.create_task(_keep_fresh(source, refresh_s)) if refresh_s else None
+            stop = asyncio.Event()
+            task = (asyncio.create_task(_keep_fresh(source, refresh_s, stop)) if refresh_s
+                    else None)
             try:
                 yield
             finally:
                 if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                    await _stop_task(task, stop)
 
     return Starlette(lifespan=lifespan, routes=[
         Route("/", guarded(index)),
@@ -486,11 +486,27 @@ def _done(back: str, msg: str) -> Response:
     return RedirectResponse(f"{back}{sep}msg={quote(msg, safe='')}", 303)
 
 
-async def _keep_fresh(source: ConsoleSource, every_s: float) -> None:
-    """Fold the topics' news every `every_s`; a failed sync is logged and tried again."""
-    while True:
+async def _keep_fresh(source: ConsoleSource, every_s: float, stop: asyncio.Event) -> None:
+    """Fold the topics' news every `every_s` until `stop` is set; a failed sync is logged and
+    tried again."""
+    while not stop.is_set():
         await asyncio.sleep(every_s)
+        if stop.is_set():
+            return
         try:
             await source.refresh()
         except Exception as exc:  # the broker away for a moment: the pages show what is held
             log.warning("console refresh failed: %s", exc)
+
+
+async def _stop_task(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """Stop the refresh loop. The event ends it even if a cancellation is lost: before Python
+    3.12, an `asyncio.wait_for` inside a client library can swallow one, and a loop that
+    outlived the console once kept syncing into its closed store."""
+    stop.set()
+    task.cancel()
+    while not task.done():
+        await asyncio.wait({task}, timeout=1.0)
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

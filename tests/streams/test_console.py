@@ -5,6 +5,7 @@ reason, and what is refused (no reason, another owner's memory, a forged form, a
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,14 @@ from starlette.testclient import TestClient
 from mnemoflow.agents import memory_events as M
 from mnemoflow.projections.audit_store import TOPICS, LogRecord
 from mnemoflow.projections.owner_memories import fold_owner
-from mnemoflow.streams.console import HeldSource, access_refusal, create_app, memory_actions
+from mnemoflow.streams.console import (
+    HeldSource,
+    _keep_fresh,
+    _stop_task,
+    access_refusal,
+    create_app,
+    memory_actions,
+)
 
 from factories import T0, locker_code
 
@@ -268,3 +276,31 @@ def test_a_conflict_is_shown_with_both_sides_and_resolved_from_the_page() -> Non
     view = fold_owner(source.events_of("alice"), "alice")
     assert view.status(new["memoryId"]) == "recallable"
     assert view.status(old["memoryId"]) != "recallable"
+
+
+class _SwallowsOneCancel:
+    """A source whose refresh loses a cancellation, as `asyncio.wait_for` inside a client
+    library can before Python 3.12."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.inside = asyncio.Event()
+
+    async def refresh(self) -> None:
+        self.calls += 1
+        self.inside.set()
+        try:
+            await asyncio.sleep(0.3)
+        except asyncio.CancelledError:
+            pass
+
+
+async def test_the_refresh_loop_stops_even_when_a_cancellation_is_lost() -> None:
+    source = _SwallowsOneCancel()
+    stop = asyncio.Event()
+    task = asyncio.create_task(_keep_fresh(source, 0.01, stop))  # type: ignore[arg-type]
+    await asyncio.wait_for(source.inside.wait(), 5)
+    await asyncio.wait_for(_stop_task(task, stop), 5)
+    calls = source.calls
+    await asyncio.sleep(0.1)
+    assert task.done() and source.calls == calls == 1
