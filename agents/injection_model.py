@@ -7,10 +7,11 @@ scores the whole text instead. It reads hashed word unigrams and bigrams and cha
 5-grams, so it also covers languages without spaces and spelling tricks, and it needs no
 embedding model, so it can run on every kept candidate in the recall hop.
 
-Pure and deterministic: `featurise` is a fixed function of the text (crc32 buckets, no random
-seed), and a model is an immutable array of weights. Training is in evaluation/injection_train.py,
-which writes `injection_model.npz` beside this module; the rules file's [model] table names it
-with the threshold, and the RuleSet consults it only when no rule fired.
+Pure and deterministic: `featurise` is a fixed function of the text and the idf (crc32 buckets,
+no random seed), and a model is immutable arrays of weights and idf. Training is in
+evaluation/injection_train.py, which writes `injection_model.npz` beside this module; the rules
+file's [model] table names it with the threshold, and the RuleSet consults it only when no rule
+fired.
 """
 
 from __future__ import annotations
@@ -90,28 +91,31 @@ class InjectionModel:
     threshold: float
     version: str
 
+    def __post_init__(self) -> None:
+        # a memory is scored again on every recall that keeps it: each model holds its own cache
+        object.__setattr__(self, "_cached", lru_cache(maxsize=4096)(self._score))
+
     def score(self, text: str) -> float:
         """The probability that `text` is an instruction aimed at the model (0..1)."""
-        return _score(self, text)
+        return self._cached(text)  # type: ignore[attr-defined,no-any-return]
+
+    def _score(self, text: str) -> float:
+        idx, val = featurise(text, self.idf)
+        z = float(np.dot(self.weights[idx], val)) + self.bias
+        return float(1.0 / (1.0 + np.exp(-z)))
 
     def flags(self, text: str) -> bool:
         return self.score(text) >= self.threshold
 
     def evidence(self, text: str, k: int = 3) -> str:
-        """The k word features that pushed the score up most: why the model flagged a text."""
+        """The k words or word pairs of the text with the largest weights: what the model read
+        as an order."""
         t = fold(text)
         words = _WORD.findall(t)
         names = {"w:" + w for w in words}
         names |= {f"b:{a} {b}" for a, b in zip(words, words[1:], strict=False)}
         pushed = sorted(names, key=lambda n: (-self.weights[bucket(n)], n))
         return ", ".join(n[2:] for n in pushed[:k])
-
-
-@lru_cache(maxsize=4096)
-def _score(model: InjectionModel, text: str) -> float:
-    idx, val = featurise(text, model.idf)
-    z = float(np.dot(model.weights[idx], val)) + model.bias
-    return float(1.0 / (1.0 + np.exp(-z)))
 
 
 def save_model(path: Path, weights: np.ndarray, idf: np.ndarray, bias: float,
