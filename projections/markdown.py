@@ -38,7 +38,9 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,11 +126,17 @@ def _meta_json(meta: dict[str, Any]) -> str:
     return s
 
 
-def render_block(records: list[MemoryRecord], title: str) -> str:
+def record_lines(r: MemoryRecord) -> tuple[str, str]:
+    """A memory's two generated lines: the one a person reads, and its machine record."""
+    return f"- {_safe(' '.join(r.text.split())[:200])}", f"{MARK}{_meta_json(_meta(r))} -->"
+
+
+def render_block(records: list[MemoryRecord], title: str,
+                 lines_of: Callable[[MemoryRecord], tuple[str, str]] = record_lines) -> str:
     """The generated block: a line a person reads per memory, by section; then, at the end,
     the machine records, one HTML comment per memory (hidden where Markdown is rendered)."""
     lines = [BEGIN, f"{TITLE}{_safe(title)}", ""]
-    shown_records: list[MemoryRecord] = []
+    metas: list[str] = []
     for kind, heading in SECTIONS:
         rows = sorted((r for r in records if r.kind == kind and not r.revoked),
                       key=lambda r: (r.event_time, r.memory_id))
@@ -136,12 +144,13 @@ def render_block(records: list[MemoryRecord], title: str) -> str:
             continue
         lines += [f"### {heading}", ""]
         for r in rows:
-            lines.append(f"- {_safe(' '.join(r.text.split())[:200])}")
+            shown, meta = lines_of(r)
+            lines.append(shown)
+            metas.append(meta)
         lines.append("")
-        shown_records += rows
-    if shown_records:
+    if metas:
         lines.append(RECORDS)
-        lines += [f"{MARK}{_meta_json(_meta(r))} -->" for r in shown_records]
+        lines += metas
         lines.append("")
     lines.append(END)
     return "\n".join(lines)
@@ -253,12 +262,13 @@ def owner_records(store: MemoryStore, scope: str, owner: str) -> list[MemoryReco
     return [store.records[m] for m in sorted(store.by_owner.get((scope, owner), ()))]
 
 
-def write_records(root: Path, scope: str, owner: str, recs: list[MemoryRecord]) -> Path:
+def write_records(root: Path, scope: str, owner: str, recs: list[MemoryRecord],
+                  lines_of: Callable[[MemoryRecord], tuple[str, str]] = record_lines) -> Path:
     path = path_for(root, scope, owner)
     if not path.exists():
         _adopt_legacy(root, scope, owner, path)
     existing = path.read_text(encoding="utf-8") if path.exists() else ""
-    atomic_write(path, merge_into(existing, render_block(recs, f"{scope} {owner}")))
+    atomic_write(path, merge_into(existing, render_block(recs, f"{scope} {owner}", lines_of)))
     return path
 
 
@@ -328,6 +338,44 @@ def events_from_markdown(root: Path) -> list[dict[str, Any]]:
 
 
 @dataclass
+class RenderedLines:
+    """The generated lines of the owners written last, by memory id, so that rewriting an
+    owner's file renders only the memories that changed since. The file is rewritten whole
+    at every flush that touches its owner, and rendering every memory again made a busy
+    owner's flushes quadratic in its history (bench_topology's suppress path spent a sixth
+    of the worker's CPU there). A record is immutable, so the same object is the same
+    lines. Bounded: past `max_lines` memories, the owners written longest ago are dropped
+    (the one written last is always kept)."""
+
+    max_lines: int = 50_000
+    owners: OrderedDict[tuple[str, str], dict[str, tuple[MemoryRecord, str, str]]] = field(
+        default_factory=OrderedDict)
+    size: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, root: Path, scope: str, owner: str, recs: list[MemoryRecord]) -> Path:
+        with self._lock:
+            key = (scope, owner)
+            old = self.owners.pop(key, {})
+            self.size -= len(old)
+            new: dict[str, tuple[MemoryRecord, str, str]] = {}
+
+            def lines_of(r: MemoryRecord) -> tuple[str, str]:
+                hit = old.get(r.memory_id)
+                if hit is None or hit[0] is not r:
+                    hit = (r, *record_lines(r))
+                new[r.memory_id] = hit
+                return hit[1], hit[2]
+
+            path = write_records(root, scope, owner, recs, lines_of)
+            self.owners[key] = new
+            self.size += len(new)
+            while self.size > self.max_lines and len(self.owners) > 1:
+                self.size -= len(self.owners.popitem(last=False)[1])
+            return path
+
+
+@dataclass
 class MarkdownSink:
     """Rewrites the MEMORY.md of every owner touched since the last flush.
 
@@ -344,6 +392,7 @@ class MarkdownSink:
     clock: Callable[[], float] = time.monotonic
     # (scope, owner) -> (failed tries in a row, clock time of the next try)
     failing: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    rendered: RenderedLines = field(default_factory=RenderedLines)
 
     def on_event(self, ev: dict[str, Any]) -> None:
         self.dirty.add((ev["scope"], ev["owner"]))
@@ -388,7 +437,7 @@ class MarkdownSink:
         errors: dict[tuple[str, str], Exception] = {}
         for scope, owner, recs in jobs:
             try:
-                write_records(self.root, scope, owner, recs)
+                self.rendered.write(self.root, scope, owner, recs)
             except Exception as exc:
                 errors[(scope, owner)] = exc
         return errors

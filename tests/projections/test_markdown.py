@@ -13,13 +13,16 @@ import pytest
 from mnemoflow.agents.consolidate import QUIET_MS, consolidate
 from mnemoflow.agents.memory_events import memory_event
 from mnemoflow.agents.observer import ObserverState, observe
+from mnemoflow.projections import markdown
 from mnemoflow.projections.markdown import (
     BEGIN,
     END,
     RECORDS,
     MarkdownSink,
+    RenderedLines,
     events_from_markdown,
     folder_name,
+    owner_records,
     path_for,
     write_owner,
 )
@@ -278,3 +281,45 @@ def test_the_lines_people_read_hold_no_machine_metadata(tmp_path) -> None:
     assert [e["memoryId"] for e in events_from_markdown(tmp_path)] == ["m1", "m2"]
     write_owner(tmp_path, _store(*evs), "User", "alice")
     assert path.read_text().startswith("# Alice\nmy own notes\n\n")
+
+
+def test_rendered_lines_rewrite_only_what_changed_and_match_a_full_render(tmp_path,
+                                                                         monkeypatch) -> None:
+    notes = [_note("alice", f"note {i}", t=T0 + i) for i in range(5)]
+    store = _store(*notes)
+    rendered = RenderedLines()
+    calls: list[str] = []
+    real = markdown.record_lines
+
+    def counted(r):  # type: ignore[no-untyped-def]
+        calls.append(r.memory_id)
+        return real(r)
+
+    monkeypatch.setattr(markdown, "record_lines", counted)
+
+    def both_ways() -> str:
+        cached = rendered.write(tmp_path / "cached", "User", "alice",
+                                owner_records(store, "User", "alice")).read_text()
+        assert cached == write_owner(tmp_path / "full", store, "User", "alice").read_text()
+        return cached
+
+    both_ways()
+    calls.clear()
+    store.apply(_note("alice", "note 5", t=T0 + 5))
+    store.apply({**notes[1], "eventId": "rv", "op": "memory_revoked"})
+    text = both_ways()
+    # the full render does not go through the patched name; the cached one rendered the new
+    # note alone
+    assert calls == [f"seg-alice-{T0 + 5}"]
+    assert "note 1" not in text and "note 5" in text
+
+
+def test_rendered_lines_forget_the_owners_written_longest_ago(tmp_path) -> None:
+    store = _store(*(_note(o, f"{o} note {i}", t=T0 + i) for o in "abc" for i in range(3)))
+    rendered = RenderedLines(max_lines=5)
+    for o in "abc":
+        rendered.write(tmp_path, "User", o, owner_records(store, "User", o))
+    assert list(rendered.owners) == [("User", "c")] and rendered.size == 3
+    big = RenderedLines(max_lines=2)  # the owner written last is kept whatever its size
+    big.write(tmp_path, "User", "a", owner_records(store, "User", "a"))
+    assert big.size == 3
