@@ -77,8 +77,13 @@ class VectorTier:
 
     async def search(self, request: dict[str, Any], k: int,
                      seeds: Sequence[Candidate]) -> list[Candidate]:
-        vec = (await self.embedder.embed([request["text"]], self.embed_timeout_s))[0]
         chain = scope_chain(request)
+        if not any(self.store.by_owner.get(owner) for owner in chain):
+            # the index holds rows of the store's memories only, and searches within the
+            # chain: nothing to find, so no embedding and no query (the shared memory holds
+            # no memory of most sessions)
+            return []
+        vec = (await self.embedder.embed([request["text"]], self.embed_timeout_s))[0]
         window = tuple(request["timeWindow"]) if request.get("timeWindow") else None
         searches = [self.index.search(vec, chain, request["eventTime"], k)]
         if window:

@@ -176,3 +176,29 @@ async def test_a_time_window_adds_its_own_nearest_after_the_k_nearest() -> None:
         windowed = await tier.search({**REQ, "timeWindow": [T0 + 2, T0 + 3]}, 2, ())
     assert [c.memory_id for c in plain] == ["c", "x"]  # with HashEmbedder, x is nearer than b
     assert [c.memory_id for c in windowed] == ["c", "x", "b"]
+
+
+async def test_no_memory_of_the_request_s_owners_means_no_embedding_and_no_query() -> None:
+    class Counting(HashEmbedder):
+        texts: list[str] = []
+
+        def embed(self, texts):  # type: ignore[no-untyped-def]
+            Counting.texts += list(texts)
+            return super().embed(texts)
+
+    async with AsyncEmbedder(Counting()) as emb:
+        tier = await tier_over(LOG, emb)  # every memory is user u's
+        queries: list[Any] = []
+        search = tier.index.search
+
+        async def counted(*a: Any, **kw: Any) -> Any:
+            queries.append(a)
+            return await search(*a, **kw)
+
+        tier.index.search = counted  # type: ignore[method-assign]
+        Counting.texts.clear()
+        stranger = {**REQ, "sessionId": "q2", "userId": "v"}
+        assert await tier.search(stranger, 10, ()) == []
+        assert Counting.texts == [] and queries == []
+        assert {c.memory_id for c in await tier.search(REQ, 10, ())} == {"a", "b", "c", "x"}
+        assert Counting.texts == [REQ["text"]] and len(queries) == 1
