@@ -47,6 +47,7 @@ MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa3
 # where evaluation runs keep their on-disk embedding cache (CachedEmbedder(disk_dir=...))
 DEFAULT_EMBED_CACHE_DIR = Path(os.environ.get("MNEMOFLOW_EMB_CACHE", "/tmp/mnemo-emb-cache"))
 _DIGEST_BYTES = 32  # SHA-256: the cache key
+MAX_SHARDS = 32  # disk-cache shards opened as they are; more are merged into one first
 
 
 @runtime_checkable
@@ -531,26 +532,37 @@ class _DiskShards:
     """Vectors persisted as .npy shards in one folder: `<stem>.vecs.npy` and `<stem>.keys.npy`.
 
     Shards are append-only files with unique names, so concurrent runs never clobber each
-    other and a torn write loses only its own shard. Shards are memory-mapped: only the keys
-    are held in memory. Not thread-safe on its own (CachedEmbedder locks around it).
+    other and a torn write loses only its own shard. Shards found on opening are
+    memory-mapped, so only the keys are held in memory. Each mapped shard holds a file
+    descriptor, and every batch of misses of every run writes a shard, so past MAX_SHARDS
+    they are read whole and merged into one first. The shards a process writes are served
+    from the vectors it already holds. Not thread-safe on its own (CachedEmbedder locks
+    around it).
     """
 
     def __init__(self, folder: Path, dim: int) -> None:
         self.folder, self.dim = folder, dim
         folder.mkdir(parents=True, exist_ok=True)
         self._where: dict[bytes, tuple[np.ndarray, int]] = {}
-        for keys_file in sorted(folder.glob("*.keys.npy")):
+        found: list[tuple[Path, Path]] = []
+        shards = sorted(folder.glob("*.keys.npy"))
+        mapped = len(shards) <= MAX_SHARDS
+        for keys_file in shards:
             vec_file = keys_file.with_name(keys_file.name.replace(".keys.npy", ".vecs.npy"))
             try:
                 keys = np.load(keys_file)
-                vecs = np.load(vec_file, mmap_mode="r")
+                vecs = np.load(vec_file, mmap_mode="r" if mapped else None)
             except (OSError, ValueError):
-                continue  # a shard torn by a killed run: its texts are embedded again
+                found.append((keys_file, vec_file))  # torn by a killed run: a merge drops it
+                continue  # and its texts are embedded again
+            found.append((keys_file, vec_file))
             if len(keys) != len(vecs) or vecs.shape[1:] != (dim,):
                 continue
             for row, key in enumerate(keys):
                 # numpy drops the trailing NUL bytes of an S32 item: put them back
                 self._where[bytes(key).ljust(_DIGEST_BYTES, b"\0")] = (vecs, row)
+        if not mapped:
+            self._merge(found)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -560,6 +572,11 @@ class _DiskShards:
         return None if found is None else np.array(found[0][found[1]], dtype=np.float32)
 
     def write(self, keys: list[bytes], vecs: np.ndarray) -> None:
+        held = np.ascontiguousarray(vecs, dtype=np.float32)
+        self._save(keys, held)
+        self._where.update((k, (held, row)) for row, k in enumerate(keys))
+
+    def _save(self, keys: list[bytes], vecs: np.ndarray) -> Path:
         stem = uuid.uuid4().hex
         vec_file = self.folder / f"{stem}.vecs.npy"
         np.save(vec_file, vecs.astype(np.float32))
@@ -567,8 +584,21 @@ class _DiskShards:
         tmp = self.folder / f"{stem}.keys.tmp.npy"
         np.save(tmp, np.frombuffer(b"".join(keys), dtype=f"S{_DIGEST_BYTES}"))
         tmp.replace(self.folder / f"{stem}.keys.npy")
-        stored = np.load(vec_file, mmap_mode="r")
-        self._where.update((k, (stored, row)) for row, k in enumerate(keys))
+        return vec_file
+
+    def _merge(self, shards: list[tuple[Path, Path]]) -> None:
+        """Every vector held into one new shard, mapped; then the shards listed go, torn ones
+        included. A run that listed one of them before it went skips it as torn and embeds
+        its texts again; two runs merging at once leave two copies, which cost only disk."""
+        keys = list(self._where)
+        if keys:
+            vec_file = self._save(keys, np.stack([src[row] for src, row in
+                                                  self._where.values()]))
+            merged = np.load(vec_file, mmap_mode="r")
+            self._where = {k: (merged, row) for row, k in enumerate(keys)}
+        for keys_file, old_vecs in shards:
+            keys_file.unlink(missing_ok=True)  # keys first: a shard without them is not read
+            old_vecs.unlink(missing_ok=True)
 
 
 class CachedEmbedder(_Wrapper):

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from mnemoflow.projections.embedding import (
+    MAX_SHARDS,
     MINILM_SAFETENSORS_SHA256,
     AsyncEmbedder,
     CachedEmbedder,
@@ -229,6 +230,24 @@ def test_disk_cache_finds_keys_that_end_in_nul_bytes(tmp_path: Path) -> None:
     inner = CountingEmbedder()
     CachedEmbedder(inner, disk_dir=tmp_path).embed([text])
     assert inner.calls == []
+
+
+def test_many_disk_shards_are_merged_into_one_and_writes_hold_no_file_open(tmp_path: Path) -> None:
+    writer = CachedEmbedder(CountingEmbedder(), disk_dir=tmp_path, chunk=1)
+    fds = len(os.listdir("/proc/self/fd"))
+    texts = [f"text {i}" for i in range(MAX_SHARDS + 8)]
+    first = np.concatenate([writer.embed([t]) for t in texts])  # a shard per miss
+    assert len(os.listdir("/proc/self/fd")) - fds < 8  # none of them held open
+    folder = tmp_path / CountingEmbedder.version
+    assert len(list(folder.glob("*.keys.npy"))) == len(texts)
+    (folder / "torn.keys.npy").write_bytes(b"not a numpy file")  # dropped by the merge
+    inner = CountingEmbedder()
+    reader = CachedEmbedder(inner, disk_dir=tmp_path)
+    assert len(list(folder.glob("*.keys.npy"))) == 1 == len(list(folder.glob("*.vecs.npy")))
+    np.testing.assert_array_equal(reader.embed(texts), first)
+    assert inner.calls == [] and reader.on_disk == len(texts)
+    CachedEmbedder(CountingEmbedder(), disk_dir=tmp_path).embed(texts)  # a few: left as they are
+    assert len(list(folder.glob("*.keys.npy"))) == 1
 
 
 class FailingAfter(CountingEmbedder):
