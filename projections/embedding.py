@@ -549,13 +549,12 @@ class _DiskShards:
         mapped = len(shards) <= MAX_SHARDS
         for keys_file in shards:
             vec_file = keys_file.with_name(keys_file.name.replace(".keys.npy", ".vecs.npy"))
+            found.append((keys_file, vec_file))  # a merge drops it, torn or not
             try:
                 keys = np.load(keys_file)
                 vecs = np.load(vec_file, mmap_mode="r" if mapped else None)
             except (OSError, ValueError):
-                found.append((keys_file, vec_file))  # torn by a killed run: a merge drops it
-                continue  # and its texts are embedded again
-            found.append((keys_file, vec_file))
+                continue  # a shard torn by a killed run: its texts are embedded again
             if len(keys) != len(vecs) or vecs.shape[1:] != (dim,):
                 continue
             for row, key in enumerate(keys):
@@ -577,9 +576,10 @@ class _DiskShards:
         self._where.update((k, (held, row)) for row, k in enumerate(keys))
 
     def _save(self, keys: list[bytes], vecs: np.ndarray) -> Path:
+        """One shard of float32 `vecs` (callers convert) under `keys`; its vectors' file."""
         stem = uuid.uuid4().hex
         vec_file = self.folder / f"{stem}.vecs.npy"
-        np.save(vec_file, vecs.astype(np.float32))
+        np.save(vec_file, vecs)
         # keys last, renamed into place: a shard counts only once its keys file exists
         tmp = self.folder / f"{stem}.keys.tmp.npy"
         np.save(tmp, np.frombuffer(b"".join(keys), dtype=f"S{_DIGEST_BYTES}"))
@@ -592,8 +592,8 @@ class _DiskShards:
         its texts again; two runs merging at once leave two copies, which cost only disk."""
         keys = list(self._where)
         if keys:
-            vec_file = self._save(keys, np.stack([src[row] for src, row in
-                                                  self._where.values()]))
+            vec_file = self._save(keys, np.asarray(
+                np.stack([src[row] for src, row in self._where.values()]), dtype=np.float32))
             merged = np.load(vec_file, mmap_mode="r")
             self._where = {k: (merged, row) for row, k in enumerate(keys)}
         for keys_file, old_vecs in shards:
