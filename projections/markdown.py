@@ -342,10 +342,9 @@ class RenderedLines:
     """The generated lines of the owners written last, by memory id, so that rewriting an
     owner's file renders only the memories that changed since. The file is rewritten whole
     at every flush that touches its owner, and rendering every memory again made a busy
-    owner's flushes quadratic in its history (bench_topology's suppress path spent a sixth
-    of the worker's CPU there). A record is immutable, so the same object is the same
-    lines. Bounded: past `max_lines` memories, the owners written longest ago are dropped
-    (the one written last is always kept)."""
+    owner's flushes quadratic in its history (README, "Known limits"). A record is
+    immutable, so the same object is the same lines. Bounded: past `max_lines` memories,
+    the owners written longest ago are dropped (the one written last is always kept)."""
 
     max_lines: int = 50_000
     owners: OrderedDict[tuple[str, str], dict[str, tuple[MemoryRecord, str, str]]] = field(
