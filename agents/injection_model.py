@@ -32,12 +32,28 @@ CHAR_SPAN = 3000  # characters read for character n-grams (words are read in ful
 _WORD = re.compile(r"\w+")
 _INVISIBLE = re.compile("[\u200b-\u200f\u2060-\u2064\ufeff\u00ad]")
 _SPACE = re.compile(r"\s+")
+# a chat role label that a host prefixes to each stored turn ("Assistant: ", "User: ")
+_ROLE_LABEL = re.compile(r"\s*(?:user|assistant|human|ai|bot|chatbot|agent)\s?:\s+",
+                         re.IGNORECASE)
 
 
 def fold(text: str) -> str:
     """NFKC, casefolded, invisible characters removed, whitespace runs as one space."""
     text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text)).casefold()
     return _SPACE.sub(" ", text).strip()
+
+
+def unlabelled(text: str) -> str:
+    """The text without a leading chat role label. Hosts that store transcripts prefix each
+    turn with its role; the training chats have none, and the role words are frequent in
+    attacks ("assistant, from now on ..."), so left in, "Assistant:" alone pushed a plain reply
+    over the threshold. Stripped when scoring, not when training: the written training texts
+    that start with a role label are attacks forging a turn, which the model should keep
+    learning from. A person's name as the label needs no care (a name the training texts
+    never had weighs nothing), and a label claiming authority ("System:") is part of what the
+    text says."""
+    m = _ROLE_LABEL.match(text)
+    return text[m.end():] if m else text
 
 
 def ngrams(text: str) -> Counter[str]:
@@ -96,11 +112,12 @@ class InjectionModel:
         object.__setattr__(self, "_cached", lru_cache(maxsize=4096)(self._score))
 
     def score(self, text: str) -> float:
-        """The probability that `text` is an instruction aimed at the model (0..1)."""
+        """The probability that `text` is an instruction aimed at the model (0..1), judged
+        without the role label a host may have put before it."""
         return self._cached(text)  # type: ignore[attr-defined,no-any-return]
 
     def _score(self, text: str) -> float:
-        idx, val = featurise(text, self.idf)
+        idx, val = featurise(unlabelled(text), self.idf)
         z = float(np.dot(self.weights[idx], val)) + self.bias
         return float(1.0 / (1.0 + np.exp(-z)))
 
@@ -110,7 +127,7 @@ class InjectionModel:
     def evidence(self, text: str, k: int = 3) -> str:
         """The k words or word pairs of the text with the largest weights: what the model read
         as an order."""
-        t = fold(text)
+        t = fold(unlabelled(text))
         words = _WORD.findall(t)
         names = {"w:" + w for w in words}
         names |= {f"b:{a} {b}" for a, b in zip(words, words[1:], strict=False)}
