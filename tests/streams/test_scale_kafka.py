@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 
 from mnemoflow.streams.host import CapabilityManifest, HostClient
+from mnemoflow.streams.lifecycle import read_health
 
 from factories import T0
 from support import WorkerProcess, broker_audits, collect, isolated_settings, prepare_topics
@@ -23,6 +25,9 @@ pytestmark = pytest.mark.kafka
 USERS, ASKS = 50, 3  # 50 telling sessions and 150 asking ones
 MANIFEST = CapabilityManifest(provider="test", model="m", supportsPreStep=True)
 DAY = 86_400_000
+# a run takes about 35 s; past this the workers have stalled, and the test says where, well
+# inside pytest's own timeout (which would say nothing)
+ANSWER_BOUND_S = 150
 
 
 async def _tell(s, bs) -> None:
@@ -60,10 +65,30 @@ def _answered(r) -> bool:
     return _asked(USERS * ASKS)(r) and injected <= in_inbox
 
 
+async def _stalled(s, bs, ws: list[WorkerProcess]) -> str:
+    """What a run that did not finish got to: the questions not decided, how the decided ones
+    waited for their memory partition, each worker's health, and the workers' log."""
+    r = await collect(s, bs, ["audit", "inbox"], lambda _: True, 30)
+    decided = {a["sessionId"] for a in broker_audits(r)}
+    missing = sorted({f"ask-{u}-{k}" for u in range(USERS) for k in range(ASKS)} - decided)
+    injected = {a["packetId"] for a in broker_audits(r) if a["action"] == "inject"}
+    in_inbox = {op["packet"]["packetId"] for op in r["inbox"] if op["op"] == "inject"}
+    waits = Counter(a.get("tiers", {}).get("projection", "caught up") for a in broker_audits(r))
+    slowest = max((a["emitTime"] - a["ingestTime"] for a in broker_audits(r)), default=0)
+    health = [(h["pid"], h["status"], h["fresh"]) for h in read_health(s.home, s.app_id)]
+    alive = [(w.proc.pid, w.proc.poll()) for w in ws if w.proc is not None]
+    return (f"{len(missing)} questions not decided {missing[:10]}; {len(injected - in_inbox)} "
+            f"injected packets not in the inbox; projection waits {dict(waits)}, slowest "
+            f"decision {slowest / 1000:.1f} s after its event; workers "
+            f"(pid, exit code) {alive}; health {health}\n--- worker log ---\n"
+            f"{ws[-1].log_tail(8000)}")
+
+
 async def _run(tmp_path, bs, name: str, workers: int, kill: bool):
     s = isolated_settings(tmp_path, name, vector=False, graph=False)
     await prepare_topics(s, bs)
-    ws = [WorkerProcess(s, bs).start() for _ in range(workers)]
+    # at info: a stall is diagnosed from the log (see _stalled)
+    ws = [WorkerProcess(s, bs, loglevel="info").start() for _ in range(workers)]
     try:
         for w in ws:
             await w.wait_ready()
@@ -74,7 +99,10 @@ async def _run(tmp_path, bs, name: str, workers: int, kill: bool):
             await collect(s, bs, ["audit"], _asked(20), 120)
             ws[0].kill()
         await asking
-        return await collect(s, bs, ["audit", "inbox"], _answered, 240)
+        try:
+            return await collect(s, bs, ["audit", "inbox"], _answered, ANSWER_BOUND_S)
+        except TimeoutError:
+            pytest.fail(f"not answered in {ANSWER_BOUND_S} s: {await _stalled(s, bs, ws)}")
     finally:
         for w in ws:
             w.stop()
