@@ -14,6 +14,12 @@ race. A partition that was never committed starts at its log start, as
 that a stream skips unseen across a rebalance is not acked, and a commit never passes a record
 missing at the head of what was acked.
 
+Resuming the app's flow control when it already runs leaves the stream queues alone. faust
+clears every stream queue on each resume, and table recovery resumes twice in one rebalance:
+once to read the changelogs, and again after seeking the stream partitions to their committed
+offsets. A record delivered between that seek and the second resume was dropped from its queue
+unprocessed, while its successors were processed.
+
 aiokafka's `prefetch_backoff` is cut from 100 to 5 ms: one consumer reads every agent's topics
 from the broker, and no fetch is sent while any partition still holds buffered records younger
 than it, so an event would wait behind another topic's buffer.
@@ -33,6 +39,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as driver
+from mode.utils.objects import cached_property
+from mode.utils.queues import FlowControlEvent
 
 GAP_SEEKS = 3  # seeks back to one gap before asking the broker whether its records are gone
 GAP_BACKOFF_S = 0.05  # between seeks after that, so a stuck gap does not spin
@@ -267,6 +275,14 @@ class _Transport(driver.Transport):
     Consumer = _Consumer
 
 
+class _FlowControl(FlowControlEvent):
+    def resume(self) -> None:
+        """Resume a suspended flow, and clear the stream queues of what was delivered before the
+        suspension (faust's); a flow that runs already is left as it is, queues included."""
+        if not self.is_active():
+            super().resume()
+
+
 class WorkerApp(faust.App):
     """faust.App with the consumer above; everything else is configured by the caller.
 
@@ -282,3 +298,7 @@ class WorkerApp(faust.App):
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
+
+    @cached_property
+    def flow_control(self) -> FlowControlEvent:
+        return _FlowControl(loop=self.loop)

@@ -1,4 +1,5 @@
-"""The worker consumer's fetch, ack and commit rules (streams/faust_app.py), on faust's objects.
+"""The worker consumer's fetch, ack and commit rules and its flow control
+(streams/faust_app.py), on faust's objects.
 
 A record that a stream skips after a rebalance must not count as done, and the commit must
 never pass a record missing at the head of what was acked: either one loses a record whose
@@ -13,7 +14,7 @@ from aiokafka.consumer.subscription_state import SubscriptionState
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 
-from mnemoflow.streams.faust_app import _Consumer, _ConsumerThread
+from mnemoflow.streams.faust_app import WorkerApp, _Consumer, _ConsumerThread
 
 TOPIC = "t.session-events"
 PART = TP(TOPIC, 2)
@@ -127,3 +128,18 @@ def test_a_record_is_deliverable_only_in_its_generation_while_the_flow_runs() ->
     c.flow_active = True
     c._active_partitions = set()  # paused meanwhile
     assert not c._deliverable(PART, m)
+
+
+async def test_resuming_a_running_flow_keeps_what_the_streams_were_given() -> None:
+    """Table recovery resumes the flow twice in one rebalance; faust's second resume emptied
+    the stream queues of records delivered after the seek to the committed offsets, so one
+    was never processed while the next one was (the SIGKILL scale test, docs/decisions.md)."""
+    app = WorkerApp("flow-test", broker="kafka://127.0.0.1:1")
+    queue = app.channel().queue  # a stream's queue, managed by the app's flow control
+    app.flow_control.resume()  # recovery, to read the changelogs
+    queue.put_nowait("offset 30")  # delivered after the seek to the committed offset
+    app.flow_control.resume()  # recovery, done
+    assert queue.qsize() == 1
+    app.flow_control.suspend()  # a rebalance: what was delivered before it is stale
+    app.flow_control.resume()
+    assert queue.qsize() == 0
