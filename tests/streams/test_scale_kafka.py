@@ -69,12 +69,13 @@ async def _stalled(s, bs, ws: list[WorkerProcess]) -> str:
     """What a run that did not finish got to: the questions not decided, how the decided ones
     waited for their memory partition, each worker's health, and the workers' log."""
     r = await collect(s, bs, ["audit", "inbox"], lambda _: True, 30)
-    decided = {a["sessionId"] for a in broker_audits(r)}
+    decisions = broker_audits(r)
+    decided = {a["sessionId"] for a in decisions}
     missing = sorted({f"ask-{u}-{k}" for u in range(USERS) for k in range(ASKS)} - decided)
-    injected = {a["packetId"] for a in broker_audits(r) if a["action"] == "inject"}
-    in_inbox = {op["packet"]["packetId"] for op in r["inbox"] if op["op"] == "inject"}
-    waits = Counter(a.get("tiers", {}).get("projection", "caught up") for a in broker_audits(r))
-    slowest = max((a["emitTime"] - a["ingestTime"] for a in broker_audits(r)), default=0)
+    injected = {a["packetId"] for a in decisions if a["action"] == "inject"}
+    in_inbox = set(_packets(r))
+    waits = Counter(a.get("tiers", {}).get("projection", "caught up") for a in decisions)
+    slowest = max((a["emitTime"] - a["ingestTime"] for a in decisions), default=0)
     health = [(h["pid"], h["status"], h["fresh"]) for h in read_health(s.home, s.app_id)]
     alive = [(w.proc.pid, w.proc.poll()) for w in ws if w.proc is not None]
     return (f"{len(missing)} questions not decided {missing[:10]}; {len(injected - in_inbox)} "
@@ -127,10 +128,10 @@ async def test_more_workers_give_the_single_workers_packets(
     """Two workers share the partitions; of three, one is SIGKILLed midway."""
     many = await _run(tmp_path, kafka_bootstrap, f"scale-{workers}", workers, kill)
     # none lost, none different; else say how each such question was decided
+    got, want = _packets(many), _packets(one_worker)
     differ = {op["sessionId"] for recs in (many, one_worker) for op in recs["inbox"]
               if op["op"] == "inject"
-              and _packets(many).get(op["packet"]["packetId"])
-              != _packets(one_worker).get(op["packet"]["packetId"])}
+              and got.get(op["packet"]["packetId"]) != want.get(op["packet"]["packetId"])}
     assert not differ, [(a["sessionId"], a["stage"], a["eventSeq"], a["action"], a["reason"])
                         for a in many["audit"] if a["sessionId"] in differ]
     for recs in (one_worker, many):
