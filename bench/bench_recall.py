@@ -13,6 +13,10 @@ what a worker holding that many memories (store, lexical index, LanceDB) needs. 
 vectors are the worst case for the ANN index (nothing clusters), so the recall of the
 vector search against an exact prefiltered scan is printed too.
 
+Each size runs twice: with the vectors of tables below the ANN threshold held in memory (the
+worker's default) and with every vector search a LanceDB query (the baseline), and the ratios
+of the two are printed.
+
 Run: .venv/bin/python bench/bench_recall.py [--sizes 10000 100000 1000000] [--queries 200]
 """
 
@@ -63,10 +67,11 @@ def kind_of(i: int) -> tuple[str, str]:
     return KINDS[0][0], KINDS[0][1]
 
 
-async def build(n: int, root: Path) -> tuple[MemoryStore, VectorIndex, float, float]:
+async def build(n: int, root: Path, held: bool) -> tuple[MemoryStore, VectorIndex, float, float]:
     rng = random.Random(1)
     store = MemoryStore()
-    index = await open_index(root / f"idx{n}", IndexMeta("random", DIM, "bench"))
+    index = await open_index(root / f"idx{n}", IndexMeta("random", DIM, "bench"),
+                             held_vectors=held)
     t = time.perf_counter()
     for lo in range(0, n, BATCH):
         hi = min(n, lo + BATCH)
@@ -92,11 +97,11 @@ async def build(n: int, root: Path) -> tuple[MemoryStore, VectorIndex, float, fl
     return store, index, build_s, time.perf_counter() - t
 
 
-async def run_one(n: int, queries: int) -> dict:
+async def run_one(n: int, queries: int, held: bool) -> dict:
     tuning = load_tuning().rank
     rng, nrng = random.Random(2), np.random.default_rng(2)
     with tempfile.TemporaryDirectory() as tmp:
-        store, index, build_s, optimize_s = await build(n, Path(tmp))
+        store, index, build_s, optimize_s = await build(n, Path(tmp), held)
         reqs = []
         for q in range(queries):
             user = f"user-{q % USERS}"
@@ -160,10 +165,10 @@ async def run_one(n: int, queries: int) -> dict:
             "peak_rss_mib": rss, "load_avg_1m": load, "cpus": os.cpu_count()}
 
 
-def show(n: int, r: dict) -> None:
+def show(n: int, mode: str, r: dict) -> None:
     def p(d: dict) -> str:
         return f"p50 {d['p50']:.2f} / p95 {d['p95']:.2f} ms"
-    print(f"{n:>8} memories {r['tables']} ANN {r['ann']}")
+    print(f"{n:>8} memories, {mode}: {r['tables']} ANN {r['ann']}")
     print(f"    recall (vector+lexical+rank) {p(r['recall_ms'])}; flat numpy scan "
           f"{p(r['flat_numpy_ms'])}; p95 ratio {r['ratio_p95_to_flat']:.1f}x")
     print(f"    vector {p(r['vector_ms'])}, lexical {p(r['lexical_ms'])}, rank {p(r['rank_ms'])};"
@@ -174,20 +179,34 @@ def show(n: int, r: dict) -> None:
           f"{r['load_avg_1m'][1]:.1f} on {r['cpus']} CPUs", flush=True)
 
 
+# how the vector search is answered: from the vectors the index holds in memory (the worker's
+# default) or by LanceDB queries of its tables (`held_vectors=False`, the baseline)
+MODES = {"held": True, "lance": False}
+
+
 def main(args: argparse.Namespace) -> None:
     if args.one:
-        print(json.dumps(asyncio.run(run_one(args.one, args.queries))))
+        print(json.dumps(asyncio.run(run_one(args.one, args.queries, MODES[args.mode]))))
         return
-    out: dict[int, dict] = {}
+    out: dict[str, dict[int, dict]] = {mode: {} for mode in MODES}
     for n in args.sizes:
-        res = subprocess.run([sys.executable, __file__, "--one", str(n), "--queries",
-                              str(args.queries)], capture_output=True, text=True, check=True)
-        out[n] = json.loads(res.stdout.strip().splitlines()[-1])
-        show(n, out[n])
+        for mode in MODES:
+            res = subprocess.run([sys.executable, __file__, "--one", str(n), "--queries",
+                                  str(args.queries), "--mode", mode],
+                                 capture_output=True, text=True, check=True)
+            out[mode][n] = json.loads(res.stdout.strip().splitlines()[-1])
+            show(n, mode, out[mode][n])
+        held, lance = out["held"][n], out["lance"][n]
+        print(f"    held / lance at {n}: vector search p50 "
+              f"{held['vector_ms']['p50'] / lance['vector_ms']['p50']:.2f}x, p95 "
+              f"{held['vector_ms']['p95'] / lance['vector_ms']['p95']:.2f}x; recall p95 "
+              f"{held['recall_ms']['p95'] / lance['recall_ms']['p95']:.2f}x; peak RSS "
+              f"{held['peak_rss_mib'] / lance['peak_rss_mib']:.2f}x")
     base = args.sizes[0]
     for n in args.sizes[1:]:
-        print(f"p95 at {n} / p95 at {base}: "
-              f"{out[n]['recall_ms']['p95'] / out[base]['recall_ms']['p95']:.2f}x")
+        r = out["held"]
+        print(f"held: p95 at {n} / p95 at {base}: "
+              f"{r[n]['recall_ms']['p95'] / r[base]['recall_ms']['p95']:.2f}x")
     write_results("bench_recall", out)
 
 
@@ -196,4 +215,5 @@ if __name__ == "__main__":
     ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=tuple(MODES), default="held", help=argparse.SUPPRESS)
     main(ap.parse_args())

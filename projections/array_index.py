@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mnemoflow.projections.vector_index import (
+from mnemoflow.projections.index_rows import (
     FAMILY_OF,
     RECALL_FAMILIES,
     HeldRows,

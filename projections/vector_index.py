@@ -24,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import Awaitable, Callable, KeysView, Mapping
+from collections.abc import Awaitable, Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import lancedb
 import numpy as np
@@ -37,13 +37,19 @@ from lancedb.db import AsyncConnection
 from lancedb.index import FTS, Bitmap, BTree, IvfPq
 from lancedb.table import AsyncTable
 
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "episodes": ("segment", "episode"), "facts": ("fact",), "procedures": ("procedure",),
-    "aliases": ("alias",),
-}
-FAMILY_OF = {kind: fam for fam, kinds in FAMILIES.items() for kind in kinds}
-# aliases have no MemoryStore record to become a Candidate, so recall does not search them
-RECALL_FAMILIES = ("episodes", "facts", "procedures")
+from mnemoflow.projections.array_index import ArrayIndex
+from mnemoflow.projections.index_rows import (
+    FAMILIES,
+    FAMILY_OF,
+    RECALL_FAMILIES,
+    HeldRows,
+    Hits,
+    IndexMeta,
+    last_of_each_id,
+    merge,
+    visible,
+)
+
 LAYOUT = "per-kind/3"  # 3: no `revoked` column (revocation always deleted the row)
 META = "index_meta.json"
 ANN_MIN_ROWS = 50_000  # per table: below this a prefiltered flat scan is exact and fast enough
@@ -52,83 +58,11 @@ REFINE_FACTOR = 5  # an ANN search re-scores 5k PQ candidates with the stored ve
 SCALAR_INDICES = (("owner", BTree), ("scope", Bitmap))
 COMPACT_EVERY = 50  # writes; many small appends make many fragments
 OVERFETCH = 10  # rows beyond k a scope-only prefiltered search asks for (VectorIndex.search)
-
-Hits = list[tuple[str, float]]
-
+HELD_COLUMNS = ("memory_id", "scope", "owner", "event_time", "expires_at")
 
 class IndexMismatch(RuntimeError):
     """The stored index was built with another embedding model or another layout: rebuild it
     from the memory-log, do not mix."""
-
-
-@dataclass(frozen=True)
-class IndexMeta:
-    model: str
-    dim: int
-    version: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "dim": self.dim, "version": self.version}
-
-    def schema_metadata(self) -> dict[str, str]:
-        return {f"mnemoflow.{k}": str(v) for k, v in self.to_json().items()}
-
-
-class MemoryIndex(Protocol):
-    """What the vector tier and sink need of an index: VectorIndex (LanceDB) and
-    array_index.ArrayIndex (in memory) both are one, with the semantics VectorIndex documents."""
-
-    meta: IndexMeta
-
-    @property
-    def ids(self) -> KeysView[str]: ...
-
-    def __len__(self) -> int: ...
-
-    async def add(self, rows: list[dict[str, Any]], vectors: np.ndarray) -> None: ...
-
-    async def revoke(self, memory_id: str) -> None: ...
-
-    async def vector(self, memory_id: str) -> np.ndarray | None: ...
-
-    async def search(self, vector: np.ndarray, chain: frozenset[tuple[str, str]], before_ms: int,
-                     k: int, window: tuple[int, int] | None = None,
-                     families: tuple[str, ...] = RECALL_FAMILIES) -> Hits: ...
-
-    async def text_search(self, query: str, chain: frozenset[tuple[str, str]], before_ms: int,
-                          k: int, window: tuple[int, int] | None = None,
-                          families: tuple[str, ...] = RECALL_FAMILIES) -> Hits: ...
-
-    async def optimize(self) -> None: ...
-
-
-def family_of(kind: str) -> str:
-    """The table a kind of memory lives in; ValueError for a kind no table holds."""
-    try:
-        return FAMILY_OF[kind]
-    except KeyError:
-        raise ValueError(f"no table for kind {kind!r}") from None
-
-
-def last_of_each_id(rows: list[dict[str, Any]]) -> list[int]:
-    """Positions of the rows an add writes: one per memory id, the last given (re-adding an
-    id replaces it, within one call too), in the order given. Every kind is checked first,
-    so a bad row writes nothing."""
-    for r in rows:
-        family_of(r["kind"])
-    return sorted({r["memory_id"]: i for i, r in enumerate(rows)}.values())
-
-
-def visible(event_time: int, expires_at: int, before_ms: int,
-            window: tuple[int, int] | None = None) -> bool:
-    """Existed before `before_ms`, not expired by then (expires_at 0: never), in the window."""
-    return event_time < before_ms and (expires_at == 0 or expires_at > before_ms) and (
-        window is None or window[0] <= event_time < window[1])
-
-
-def merge(parts: list[Hits], k: int) -> Hits:
-    """Best first across tables; equal scores ordered by memory id (deterministic)."""
-    return sorted((h for p in parts for h in p), key=lambda h: (-h[1], h[0]))[:k]
 
 
 def _schema(meta: IndexMeta) -> pa.Schema:
@@ -176,6 +110,14 @@ def _rows(table: str, t: pa.Table) -> dict[str, Row]:
         t.column("expires_at").to_pylist(), strict=True)}
 
 
+def _near_rows(t: pa.Table) -> list[dict[str, Any]]:
+    """The rows of `t` as the in-memory mirror takes them: vector searches only, so no text."""
+    return [{"memory_id": m, "kind": k, "text": "", "scope": s, "owner": o, "event_time": et,
+             "expires_at": ex} for m, k, s, o, et, ex in zip(
+        *(t.column(c).to_pylist() for c in ("memory_id", "kind", "scope", "owner", "event_time",
+                                           "expires_at")), strict=True)]
+
+
 def _owners(t: pa.Table) -> set[tuple[str, str]]:
     return set(zip(t.column("scope").to_pylist(), t.column("owner").to_pylist(), strict=True))
 
@@ -207,8 +149,10 @@ class KindTable:
 
     @classmethod
     async def open(cls, db: AsyncConnection, name: str, meta: IndexMeta, ann_min_rows: int,
-                   exists: bool) -> tuple[KindTable, dict[str, Row]]:
-        """Open or create the table, build the indices it lacks; also its rows' map."""
+                   exists: bool, vectors: bool) -> tuple[KindTable, pa.Table]:
+        """Open or create the table, build the indices it lacks; also the columns of its rows
+        that the index holds in memory (`HELD_COLUMNS`), and with `vectors` and no ANN index
+        yet their kinds and vectors too."""
         schema = _schema(meta)
         if exists:
             table = await db.open_table(name)
@@ -229,10 +173,10 @@ class KindTable:
         for column, kind in SCALAR_INDICES:
             if column not in indexed:
                 await table.create_index(column, config=kind())
-        held = await table.query().select(
-            ["memory_id", "scope", "owner", "event_time", "expires_at"]).to_arrow()
-        return cls(name, table, ann_min_rows, "vector" in indexed, _owners(held)), \
-            _rows(name, held)
+        has_ann = "vector" in indexed
+        columns = HELD_COLUMNS + (("kind", "vector") if vectors and not has_ann else ())
+        held = await table.query().select(list(columns)).to_arrow()
+        return cls(name, table, ann_min_rows, has_ann, _owners(held)), held
 
     async def write(self, data: pa.Table, upsert: bool) -> None:
         """Append the rows, or with `upsert` replace those whose memory id the table holds
@@ -273,33 +217,30 @@ class KindTable:
                     strict=True)]
 
 
-class HeldRows:
-    """`ids` and `len` of an index, read from its in-memory map of rows by memory id (no I/O)."""
-
-    _rows: Mapping[str, Any]
-
-    @property
-    def ids(self) -> KeysView[str]:
-        """Memory ids held (a live view: the sink asks it to skip what is already embedded)."""
-        return self._rows.keys()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-
 class VectorIndex(HeldRows):
     """Per-kind LanceDB tables of memories with their vectors, and an in-memory map of every
     row (its table, event time and expiry) by memory id. Open it with `VectorIndex.open` (or
-    `open_index`); every method that reads or writes the tables is a coroutine."""
+    `open_index`); every method that reads or writes the tables is a coroutine.
+
+    With `held_vectors` (the default), the vectors of every table that has no ANN index yet
+    are also held in memory (`near`, an ArrayIndex), and vector searches of those tables are
+    answered there: an exact flat scan of the caller's own rows, as LanceDB's prefiltered scan
+    is, in microseconds instead of milliseconds of LanceDB's threads (measured in the recall
+    bench). The tables stay the durable projection, reloaded on open. That costs 4 bytes per
+    dimension per row, at most `ann_min_rows` rows a table; a table past it drops its rows from
+    memory and is searched by its ANN index.
+    """
 
     def __init__(self, path: Path, meta: IndexMeta, db: AsyncConnection,
-                 tables: dict[str, KindTable], rows: dict[str, Row]) -> None:
+                 tables: dict[str, KindTable], rows: dict[str, Row],
+                 near: ArrayIndex | None) -> None:
         self.path, self.meta, self.db, self.tables = path, meta, db, tables
         self._rows = rows
+        self.near = near
 
     @classmethod
     async def open(cls, path: Path, meta: IndexMeta, rebuild: bool = False,
-                   ann_min_rows: int = ANN_MIN_ROWS) -> VectorIndex:
+                   ann_min_rows: int = ANN_MIN_ROWS, held_vectors: bool = True) -> VectorIndex:
         """Open (or create) the index at `path`. IndexMismatch if it was built with another
         model or in another layout; `rebuild=True` deletes whatever is there first."""
         meta_file = path / META
@@ -321,16 +262,21 @@ class VectorIndex(HeldRows):
                                 f"({sorted(foreign)}); rebuild it from the memory-log")
         opened: dict[str, KindTable] = {}
         rows: dict[str, Row] = {}
+        near = ArrayIndex(meta) if held_vectors else None
         # the tables held first: a refused index is left as it was found
         for name in sorted(FAMILIES, key=lambda f: f not in names):
-            opened[name], held = await KindTable.open(db, name, meta, ann_min_rows, name in names)
-            rows.update(held)
+            opened[name], held = await KindTable.open(db, name, meta, ann_min_rows, name in names,
+                                                      held_vectors)
+            rows.update(_rows(name, held))
+            if near is not None and not opened[name].has_ann and held.num_rows:
+                await near.add(_near_rows(held), held.column("vector").combine_chunks()
+                               .flatten().to_numpy().reshape(held.num_rows, meta.dim))
         tables = {name: opened[name] for name in FAMILIES}
         tmp = meta_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({**meta.to_json(), "layout": LAYOUT,
                                    "tables": {f: list(k) for f, k in FAMILIES.items()}}))
         tmp.replace(meta_file)
-        return cls(path, meta, db, tables, rows)
+        return cls(path, meta, db, tables, rows, near)
 
     async def add(self, rows: list[dict[str, Any]], vectors: np.ndarray) -> None:
         """Write rows (memory_id, kind, text, scope, owner, event_time[, expires_at]) and their
@@ -361,20 +307,36 @@ class VectorIndex(HeldRows):
                                                             self.meta.dim),
             }, schema=_schema(self.meta))
             # a merge joins the rows with the whole table: an append when no id is held here
-            await self.tables[name].write(data, upsert=name in held.values())
+            table = self.tables[name]
+            had_ann = table.has_ann
+            await table.write(data, upsert=name in held.values())
             self._rows.update(_rows(name, data))
+            if self.near is None:
+                continue
+            if not table.has_ann:
+                await self.near.add(_near_rows(data), vectors[idx])
+            elif not had_ann:  # past the threshold now: its ANN index answers from here on
+                for mid in [m for m, r in self._rows.items() if r.table == name]:
+                    await self.near.revoke(mid)
+            else:  # a row moved here from a table still held in memory
+                for mid in held:
+                    await self.near.revoke(mid)
 
     async def revoke(self, memory_id: str) -> None:
         """Delete the row (nothing if it is not held); searches stop returning it at once."""
         row = self._rows.pop(memory_id, None)
         if row is not None:
             await self.tables[row.table].delete([memory_id])
+            if self.near is not None:
+                await self.near.revoke(memory_id)
 
     async def vector(self, memory_id: str) -> np.ndarray | None:
         """The stored vector of a memory, or None if it is not held."""
         row = self._rows.get(memory_id)
         if row is None:
             return None
+        if self.near is not None and memory_id in self.near.ids:
+            return await self.near.vector(memory_id)
         t = await (self.tables[row.table].table.query().where(f"memory_id = {_q(memory_id)}")
                    .select(["vector"]).limit(1).to_arrow())
         return np.asarray(t.column("vector")[0].as_py(), np.float32) if t.num_rows else None
@@ -401,7 +363,24 @@ class VectorIndex(HeldRows):
         table: 17 vs 9.5 ms p50), and so did reading them back with the hits (16 vs 10 ms).
         When post-filtering leaves fewer than k of a full page, that table is asked again with
         the whole prefilter, so the answer is the whole prefilter's (exactly, for a flat scan).
+
+        The tables whose vectors are held in memory are searched there, with the same answer.
         """
+        if self.near is not None:
+            held = tuple(f for f in families if not self.tables[f].has_ann)
+            if held:
+                rest = tuple(f for f in families if f not in held)
+                parts = [await self.near.search(vector, chain, before_ms, k, window, held)]
+                if rest:
+                    parts.append(await self._search_tables(vector, chain, before_ms, k, window,
+                                                           rest))
+                return merge(parts, k)
+        return await self._search_tables(vector, chain, before_ms, k, window, families)
+
+    async def _search_tables(self, vector: np.ndarray, chain: frozenset[tuple[str, str]],
+                             before_ms: int, k: int, window: tuple[int, int] | None,
+                             families: tuple[str, ...]) -> Hits:
+        """`search`, by LanceDB queries of the families' tables."""
         if window:
             where = visibility_filter(chain, before_ms, window)
             return await self._fan_out(lambda t: t.search(vector, where, k), families, chain, k)
@@ -442,6 +421,6 @@ class VectorIndex(HeldRows):
 
 
 async def open_index(path: Path, meta: IndexMeta, rebuild: bool = False,
-                     ann_min_rows: int = ANN_MIN_ROWS) -> VectorIndex:
+                     ann_min_rows: int = ANN_MIN_ROWS, held_vectors: bool = True) -> VectorIndex:
     """`VectorIndex.open`, under the name its callers know."""
-    return await VectorIndex.open(path, meta, rebuild, ann_min_rows)
+    return await VectorIndex.open(path, meta, rebuild, ann_min_rows, held_vectors)

@@ -24,8 +24,8 @@ from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.ids import digest_of
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.index_rows import IndexMeta, MemoryIndex
 from mnemoflow.projections.memory_store import MemoryStore
-from mnemoflow.projections.vector_index import IndexMeta, MemoryIndex
 
 EMBED_KINDS = ("segment", "episode", "fact", "procedure")
 

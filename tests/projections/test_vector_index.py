@@ -14,14 +14,8 @@ import pyarrow as pa
 import pytest
 
 from mnemoflow.projections.array_index import ArrayIndex
-from mnemoflow.projections.vector_index import (
-    OVERFETCH,
-    IndexMeta,
-    IndexMismatch,
-    MemoryIndex,
-    VectorIndex,
-    open_index,
-)
+from mnemoflow.projections.index_rows import IndexMeta, MemoryIndex
+from mnemoflow.projections.vector_index import OVERFETCH, IndexMismatch, VectorIndex, open_index
 
 META = IndexMeta("fake/model", 8, "1")
 ALICE = frozenset({("User", "alice"), ("Session", "qa")})
@@ -161,6 +155,15 @@ class IndexContract:
 
 
 class TestVectorIndexContract(IndexContract):
+    """Every vector search a LanceDB query."""
+
+    async def make(self, tmp_path: Path) -> MemoryIndex:
+        return await open_index(tmp_path / "idx", META, held_vectors=False)
+
+
+class TestHeldVectorIndexContract(IndexContract):
+    """Vector searches of tables without an ANN index answered from the vectors held."""
+
     async def make(self, tmp_path: Path) -> MemoryIndex:
         return await open_index(tmp_path / "idx", META)
 
@@ -177,10 +180,13 @@ async def test_both_backends_return_the_same_hits_on_random_vectors(tmp_path: Pa
              "text": f"t{i}", "scope": "User", "owner": f"u{i % 4}", "event_time": i * day,
              "expires_at": 30 * day if i % 7 == 0 else 0} for i in range(80)]
     vecs = rng.normal(size=(80, 8)).astype(np.float32)
-    lance, arr = await open_index(tmp_path / "idx", META), ArrayIndex(META)
+    lance = await open_index(tmp_path / "idx", META, held_vectors=False)
+    arr = ArrayIndex(META)
     for idx in (lance, arr):
         await idx.add(rows, vecs)
         await idx.revoke("m005")
+    held = await open_index(tmp_path / "idx", META)  # the vectors loaded from the tables
+    assert held.near is not None and set(held.near.ids) == set(lance.ids)
     chain = frozenset({("User", "u1"), ("Session", "s"), ("External", "u1")})
     full = 0
     for j in range(6):
@@ -188,9 +194,10 @@ async def test_both_backends_return_the_same_hits_on_random_vectors(tmp_path: Pa
         before = (20 + 8 * j) * day
         window = (5 * day, 25 * day) if j % 2 else None
         a = await arr.search(q, chain, before, 10, window)
-        b = await lance.search(q, chain, before, 10, window)
-        assert ids(a) == ids(b) and a
-        assert np.allclose([s for _, s in a], [s for _, s in b], atol=2e-6)
+        for other in (lance, held):
+            b = await other.search(q, chain, before, 10, window)
+            assert ids(a) == ids(b) and a
+            assert np.allclose([s for _, s in a], [s for _, s in b], atol=2e-6)
         assert all(int(m[1:]) % 4 == 1 for m in ids(a)) and "m005" not in ids(a)
         full += len(a) == 10
     assert full  # some searches were cut at k, not only filtered
@@ -249,8 +256,11 @@ async def test_the_ann_index_is_built_per_table_past_its_threshold(tmp_path: Pat
     assert idx.tables["facts"].has_ann and not idx.tables["episodes"].has_ann
     reopened = await open_index(tmp_path / "idx", META, ann_min_rows=300)
     assert reopened.tables["facts"].has_ann and not reopened.tables["episodes"].has_ann
-    hits = await reopened.search(vecs[7], ALICE, T + 1, 5)
-    assert len(hits) == 5 and hits[0][0] == "f007"
+    for i in (idx, reopened):  # memory holds the vectors of the table without ANN only
+        assert i.near is not None and set(i.near.ids) == {"s1"}
+        hits = await i.search(vecs[7], ALICE, T + 1, 5)
+        assert len(hits) == 5 and hits[0][0] == "f007"
+        assert (await i.search(unit(1), ALICE, T + 1, 1))[0][0] == "s1"
 
 
 async def test_another_model_is_refused_even_without_the_meta_file(tmp_path: Path) -> None:
@@ -297,7 +307,8 @@ async def test_an_index_of_an_older_layout_is_refused_until_rebuilt(
 async def test_tables_without_the_callers_rows_are_not_queried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bob = frozenset({("User", "bob")})
-    for idx in (await lance_filled(tmp_path), await open_index(tmp_path / "idx", META)):
+    for idx in (await lance_filled(tmp_path, held_vectors=False),
+                await open_index(tmp_path / "idx", META, held_vectors=False)):
         for name in ("facts", "procedures"):
             for method in ("search", "text_search"):
                 monkeypatch.setattr(idx.tables[name], method, lambda *a: pytest.fail("queried"))
