@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -57,6 +58,9 @@ REFINE_FACTOR = 5  # an ANN search re-scores 5k PQ candidates with the stored ve
 # scalar indices let the scope/owner prefilter read only the caller's rows instead of all
 SCALAR_INDICES = (("owner", BTree), ("scope", Bitmap))
 COMPACT_EVERY = 50  # writes; many small appends make many fragments
+# how long a compaction keeps the files of versions a newer one replaced (LanceDB: 7 days,
+# about 3.6 files a write, so 300,000 files a day per table at a flush a second)
+KEEP_VERSIONS = timedelta(minutes=10)
 OVERFETCH = 10  # rows beyond k a scope-only prefiltered search asks for (VectorIndex.search)
 HELD_COLUMNS = ("memory_id", "scope", "owner", "event_time", "expires_at")
 
@@ -146,6 +150,8 @@ class KindTable:
     has_ann: bool
     owners: set[tuple[str, str]] = field(default_factory=set)
     writes: int = 0
+    keep_versions: timedelta = KEEP_VERSIONS
+    readers: int = 0  # queries of this table in flight
 
     @classmethod
     async def open(cls, db: AsyncConnection, name: str, meta: IndexMeta, ann_min_rows: int,
@@ -189,10 +195,31 @@ class KindTable:
         self.owners |= _owners(data)
         self.writes += 1
         if self.writes % COMPACT_EVERY == 0:  # compacts fragments, folds new rows into indices
-            await self.table.optimize()
+            await self.compact()
         if not self.has_ann and await self.table.count_rows() >= self.ann_min_rows:
             await self.table.create_index("vector", config=IvfPq(distance_type="cosine"))
             self.has_ann = True
+
+    async def compact(self) -> None:
+        """Compact fragments, fold new rows into the indices, and delete the files of the
+        versions replaced more than `keep_versions` ago.
+
+        Deleting a version's files fails a query still reading it. Every reader of these
+        tables is in this process and counted in `readers`, and a query reads the newest
+        version when it starts: so with no query in flight, only a query that starts during
+        the compaction can read a version, a newer one than `keep_versions` ago. With a query
+        in flight, LanceDB's default (7 days) is kept this time.
+        """
+        await self.table.optimize(
+            cleanup_older_than=self.keep_versions if self.readers == 0 else None)
+
+    async def read(self, query: Awaitable[pa.Table]) -> pa.Table:
+        """Run a query of this table, counted as in flight while it runs (`compact`)."""
+        self.readers += 1
+        try:
+            return await query
+        finally:
+            self.readers -= 1
 
     async def delete(self, ids: list[str]) -> None:
         await self.table.delete("memory_id IN (" + ",".join(_q(i) for i in ids) + ")")
@@ -203,15 +230,15 @@ class KindTable:
              .distance_type("cosine").where(where).limit(k))
         if self.has_ann and REFINE_FACTOR:
             q = q.refine_factor(REFINE_FACTOR)
-        t = await q.select(["memory_id", "_distance"]).to_arrow()
+        t = await self.read(q.select(["memory_id", "_distance"]).to_arrow())
         return [(m, round(1.0 - float(d), 6)) for m, d in
                 zip(t.column("memory_id").to_pylist(), t.column("_distance").to_pylist(),
                     strict=True)]
 
     async def text_search(self, query: str, where: str, k: int) -> Hits:
         """(memory_id, BM25 score) of the k best rows among those `where` admits."""
-        t = await (self.table.query().nearest_to_text(query, columns="text").where(where)
-                   .limit(k).select(["memory_id", "_score"]).to_arrow())
+        t = await self.read(self.table.query().nearest_to_text(query, columns="text")
+                            .where(where).limit(k).select(["memory_id", "_score"]).to_arrow())
         return [(m, round(float(sc), 6)) for m, sc in
                 zip(t.column("memory_id").to_pylist(), t.column("_score").to_pylist(),
                     strict=True)]
@@ -337,8 +364,9 @@ class VectorIndex(HeldRows):
             return None
         if self.near is not None and memory_id in self.near.ids:
             return await self.near.vector(memory_id)
-        t = await (self.tables[row.table].table.query().where(f"memory_id = {_q(memory_id)}")
-                   .select(["vector"]).limit(1).to_arrow())
+        table = self.tables[row.table]
+        t = await table.read(table.table.query().where(f"memory_id = {_q(memory_id)}")
+                             .select(["vector"]).limit(1).to_arrow())
         return np.asarray(t.column("vector")[0].as_py(), np.float32) if t.num_rows else None
 
     async def _fan_out(self, one: Callable[[KindTable], Awaitable[Hits]],
@@ -415,9 +443,9 @@ class VectorIndex(HeldRows):
         return await self._fan_out(lambda t: t.text_search(query, where, k), families, chain, k)
 
     async def optimize(self) -> None:
-        """Compact every table and fold unindexed rows into its indices."""
+        """Compact every table and fold unindexed rows into its indices (`KindTable.compact`)."""
         for t in self.tables.values():
-            await t.table.optimize()
+            await t.compact()
 
 
 async def open_index(path: Path, meta: IndexMeta, rebuild: bool = False,

@@ -5,6 +5,7 @@ LanceDB index has: persistence, ANN per table, model and layout metadata."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,13 @@ import pytest
 
 from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.index_rows import IndexMeta, MemoryIndex
-from mnemoflow.projections.vector_index import OVERFETCH, IndexMismatch, VectorIndex, open_index
+from mnemoflow.projections.vector_index import (
+    COMPACT_EVERY,
+    OVERFETCH,
+    IndexMismatch,
+    VectorIndex,
+    open_index,
+)
 
 META = IndexMeta("fake/model", 8, "1")
 ALICE = frozenset({("User", "alice"), ("Session", "qa")})
@@ -315,3 +322,26 @@ async def test_tables_without_the_callers_rows_are_not_queried(
         assert ids(await idx.search(unit(1), bob, T + 1, 5)) == ["bob1"]
         assert ids(await idx.text_search("rex", bob, T + 1, 5)) == ["bob1"]
         assert idx.tables["facts"].owners == {("User", "alice")}
+
+
+@pytest.mark.filterwarnings("ignore:optimize\\(cleanup_older_than=0\\):UserWarning")
+async def test_a_compaction_deletes_the_versions_it_replaced_unless_a_query_is_in_flight(
+        tmp_path: Path) -> None:
+    idx = await open_index(tmp_path / "idx", META)
+    facts = idx.tables["facts"]
+    facts.keep_versions = timedelta(0)
+
+    async def writes(first: int) -> int:
+        """COMPACT_EVERY one-row writes, the last of which compacts; the versions after."""
+        for i in range(first, first + COMPACT_EVERY):
+            await idx.add([row(f"f{i:03}", "fact")], unit(1, i / 100)[None, :])
+        return len(await facts.table.list_versions())
+
+    facts.readers += 1  # as a query of the table in flight at the compaction
+    kept = await writes(0)
+    assert kept > COMPACT_EVERY
+    facts.readers -= 1
+    assert await writes(COMPACT_EVERY) < 5 < kept
+    reopened = await open_index(tmp_path / "idx", META, held_vectors=False)
+    hits = await reopened.search(unit(1, 0.5), ALICE, T + 1, 3)
+    assert ids(hits) == ["f050", "f049", "f051"] and len(reopened) == 2 * COMPACT_EVERY
