@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,12 @@ def featurise(text: str, idf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return idx, val / np.float32(np.linalg.norm(val))
 
 
+def sigmoid(z: Any) -> Any:
+    """The logistic function, of a number or elementwise of an array: the model's score of a
+    linear term."""
+    return 1.0 / (1.0 + np.exp(-z))
+
+
 def inverse_document_frequency(document_frequency: np.ndarray, documents: int) -> np.ndarray:
     return (np.log((documents + 1) / (document_frequency + 1)) + 1).astype(np.float32)
 
@@ -118,8 +125,7 @@ class InjectionModel:
 
     def _score(self, text: str) -> float:
         idx, val = featurise(unlabelled(text), self.idf)
-        z = float(np.dot(self.weights[idx], val)) + self.bias
-        return float(1.0 / (1.0 + np.exp(-z)))
+        return float(sigmoid(float(np.dot(self.weights[idx], val)) + self.bias))
 
     def flags(self, text: str) -> bool:
         return self.score(text) >= self.threshold

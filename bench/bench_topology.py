@@ -5,6 +5,9 @@ Against KAFKA_BOOTSTRAP or the running local broker; with neither, it starts the
 and stops it again on the way out.
 Figures are printed, never asserted. Baselines are measured on the same broker in the
 same run: a raw produce->consume round trip, and a raw consume->produce passthrough.
+For the suppress and retrieve bursts it also prints the CPU they cost per event: the
+worker's by thread name (LanceDB's own threads apart from the Python ones) and the local
+broker's, read from /proc at the start and the end of each burst.
 """
 
 from __future__ import annotations
@@ -21,7 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from common import bench_settings, fmt, kafka_broker, now_ms, pct, peak_rss_mib, start_worker, write_results
+from common import (
+    bench_settings,
+    fmt,
+    kafka_broker,
+    local_broker_pid,
+    now_ms,
+    pct,
+    peak_rss_mib,
+    process_cpu_s,
+    start_worker,
+    thread_cpu_s,
+    write_results,
+)
 
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams.admin import create_topics, group_stable
@@ -252,6 +267,33 @@ async def burst(bootstrap: str, topic: str, records: list[dict]) -> None:
         await p.stop()
 
 
+class PhaseCpu:
+    """CPU used over a phase, in ms per event: the worker's by thread name, and the local
+    broker's (when the bench runs on it)."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker, self.broker = worker, local_broker_pid()
+        self.threads, self.broker_s = thread_cpu_s(worker), self._broker_s()
+        self.t = time.monotonic()
+
+    def _broker_s(self) -> float:
+        return process_cpu_s(self.broker) if self.broker else 0.0
+
+    def per_event_ms(self, events: int) -> dict[str, float]:
+        threads = thread_cpu_s(self.worker)
+        out = {f"worker:{name}": 1000 * (cpu - self.threads[name]) / events
+               for name, cpu in sorted(threads.items()) if cpu - self.threads[name] > 0}
+        out["worker"] = sum(out.values())
+        if self.broker:
+            out["broker"] = 1000 * (self._broker_s() - self.broker_s) / events
+        out["wall"] = 1000 * (time.monotonic() - self.t) / events
+        return out
+
+
+def show_cpu(what: str, cpu: dict[str, float]) -> None:
+    print(f"  CPU per {what}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu.items()))
+
+
 async def main(args: argparse.Namespace) -> dict:
     # Ctrl-C already cancels this task (asyncio.run does); SIGTERM (a `timeout`, a stopped CI
     # job) does the same here instead of killing the process, so the finally blocks below
@@ -347,6 +389,7 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
 
             # suppress path: a burst of small talk over 50 sessions, produced batched
             gates_before = 4 * args.questions
+            cpu = PhaseCpu(proc.pid)
             t = time.monotonic()
             await burst(bootstrap, s.topic("session-events"), [
                 chat_event(f"chat-{i % 50}", i // 50 + 1, "ok", T0 + 2 * 86_400_000 + i * 1000)
@@ -363,7 +406,10 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
                   f"{100 * out['suppress_vs_two_hop']:.0f}% of the bare faust two-hop chain "
                   f"(target >= 50%), {100 * out['suppress_vs_faust_floor']:.0f}% of one bare "
                   "faust agent")
+            out["suppress_cpu_ms_per_event"] = cpu.per_event_ms(args.events)
+            show_cpu("event", out["suppress_cpu_ms_per_event"])
 
+            cpu = PhaseCpu(proc.pid)
             t = time.monotonic()
             n = args.questions
             await burst(bootstrap, s.topic("session-events"), [
@@ -377,6 +423,8 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             out["retrieve_ratio"] = out["retrieve_path_eps"] / out["raw_passthrough_rps"]
             print(f"retrieve path: {out['retrieve_path_eps']:.0f} events/s = "
                   f"{100 * out['retrieve_ratio']:.0f}% of raw passthrough")
+            out["retrieve_cpu_ms_per_event"] = cpu.per_event_ms(n)
+            show_cpu("request", out["retrieve_cpu_ms_per_event"])
         out["worker_peak_rss_mib"] = peak_rss_mib(proc.pid)
         print(f"worker peak RSS: {out['worker_peak_rss_mib']:.0f} MiB")
     finally:

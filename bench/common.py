@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +97,42 @@ def start_worker(settings: Settings, bootstrap: str) -> subprocess.Popen:
     log = open(settings.home / "worker.log", "ab")
     return subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker"], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
+
+
+def _cpu_s(stat: str) -> tuple[str, float]:
+    """(name, user + system CPU seconds) from a /proc stat line."""
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    return name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> Counter[str]:
+    """CPU seconds each thread name of a process has used so far, summed over the threads of
+    that name (/proc/<pid>/task/*/stat). LanceDB's Rust threads are `lancedb-tokio-w`; the
+    Python threads, and the ONNX Runtime threads they start, are all `python`. A thread that
+    ended is no longer counted, so take the difference of two calls over a phase whose
+    threads outlive it."""
+    out: Counter[str] = Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name, cpu = _cpu_s(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[name] += cpu
+    return out
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process has used so far, every thread (ended ones too)."""
+    return _cpu_s(Path(f"/proc/{pid}/stat").read_text())[1]
+
+
+def local_broker_pid() -> int | None:
+    """The pid of the local broker `mnemoflow kafka up` runs, when the benches use it (no
+    KAFKA_BOOTSTRAP) and it runs."""
+    settings = Settings()
+    st = None if settings.bootstrap else LocalKafka(settings).status()
+    return st.pid if st is not None else None
 
 
 def peak_rss_mib(pid: int) -> float:

@@ -40,6 +40,7 @@ from mnemoflow.agents.injection_model import (
     counts,
     inverse_document_frequency,
     save_model,
+    sigmoid,
 )
 from mnemoflow.agents.injection_rules import RuleSet, load_rules
 from mnemoflow.evaluation.datasets import Session, load_locomo, load_longmemeval
@@ -126,7 +127,7 @@ def fit(x: Any, y: np.ndarray, weight: np.ndarray, docs: np.ndarray, c: float
 
 
 def probabilities(x: Any, w: np.ndarray, b: float) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-(x @ w.astype(np.float64) + b)))
+    return np.asarray(sigmoid(x @ w.astype(np.float64) + b))
 
 
 def weights_for(rows: Sequence[Row]) -> np.ndarray:

@@ -61,8 +61,7 @@ def _asked(n: int):
 
 def _answered(r) -> bool:
     injected = {a["packetId"] for a in broker_audits(r) if a["action"] == "inject"}
-    in_inbox = {op["packet"]["packetId"] for op in r["inbox"] if op["op"] == "inject"}
-    return _asked(USERS * ASKS)(r) and injected <= in_inbox
+    return _asked(USERS * ASKS)(r) and injected <= _packets(r).keys()
 
 
 async def _stalled(s, bs, ws: list[WorkerProcess]) -> str:
