@@ -171,5 +171,8 @@ async def test_failed_recall_produces_no_packet_and_no_session_event(kafka_boots
     asks = [a for a in broker_audits(recs) if a["sessionId"].startswith("ask-")]
     assert all(a["action"] == "drop" and a["reason"] == "recall-failed" for a in asks)
     assert all(a["tiers"]["lexical"] == "error" and a["tiers"]["vector"] == "error" for a in asks)
-    assert recs["inbox"] == []
+    # read again once the worker has stopped: a packet can be readable after its audit, and
+    # a stopped worker has written all it will
+    inbox = await collect(s, kafka_bootstrap, ["inbox"], lambda r: True, 30)
+    assert recs["inbox"] == [] and inbox["inbox"] == []
     assert len(recs["session-events"]) == sent["session-events"]
