@@ -344,22 +344,10 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
 
     # fresh topics for the worker (the baselines wrote into some of ours)
     s = bench_settings("topo")
-    await create_topics(s, bootstrap)
-    proc = start_worker(s, bootstrap)
+    proc = await ready_worker(s, bootstrap)
     try:
-        while not await group_stable(s, bootstrap, s.app_id):
-            if proc.poll() is not None:  # else a worker that died at start is waited for forever
-                raise RuntimeError(f"worker exited {proc.returncode}; see {s.home / 'worker.log'}")
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(1.0)
         async with HostClient(s, bootstrap) as host:
-            # memories for the retrieve path
-            for u in range(args.questions):
-                hs = host.session(f"mem-{u}", f"user-{u}")
-                await hs.lifecycle("start", T0, MANIFEST)
-                await hs.user_message(f"My locker code is zq{u:03d}x at the Riverside gym.", T0 + 1)
-            await count_until(bootstrap, s.topic("audit"),
-                              lambda r: sum(a["stage"] == "gate" for a in r) >= 2 * args.questions)
+            await seed_memories(s, bootstrap, host, args.questions)
             inbox = await _consumer(bootstrap, [s.topic("inbox")])
             lat = []
             for u in range(args.questions):
@@ -410,16 +398,8 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             show_cpu("event", out["suppress_cpu_ms_per_event"])
 
             cpu = PhaseCpu(proc.pid)
-            t = time.monotonic()
             n = args.questions
-            await burst(bootstrap, s.topic("session-events"), [
-                chat_event(f"ask2-{i}", 1, f"Where is the gym with locker zq{i:03d}x?",
-                           T0 + 3 * 86_400_000 + i, user=f"user-{i}") for i in range(n)])
-            end = await count_until(
-                bootstrap, s.topic("audit"),
-                lambda rr: sum(a["stage"] == "broker" and a["sessionId"].startswith("ask2-")
-                               for a in rr) >= n)
-            out["retrieve_path_eps"] = n / (end - t)
+            out["retrieve_path_eps"] = await retrieve_burst(s, bootstrap, n)
             out["retrieve_ratio"] = out["retrieve_path_eps"] / out["raw_passthrough_rps"]
             print(f"retrieve path: {out['retrieve_path_eps']:.0f} events/s = "
                   f"{100 * out['retrieve_ratio']:.0f}% of raw passthrough")
@@ -430,7 +410,68 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
+
+    # the retrieve burst alone, on a fresh worker each, with the vectors held in memory (the
+    # default) and with every vector search a LanceDB query (the baseline), same procedure
+    for held in (True, False):
+        s = bench_settings("retr")
+        proc = await ready_worker(s, bootstrap, MNEMOFLOW_HELD_VECTORS="1" if held else "0")
+        try:
+            async with HostClient(s, bootstrap) as host:
+                await seed_memories(s, bootstrap, host, args.questions)
+            cpu = PhaseCpu(proc.pid)
+            eps = await retrieve_burst(s, bootstrap, args.questions)
+            mode = "held" if held else "lance"
+            out[f"retrieve_alone_{mode}_eps"] = eps
+            out[f"retrieve_alone_{mode}_cpu_ms_per_event"] = cpu.per_event_ms(args.questions)
+            out[f"retrieve_alone_{mode}_peak_rss_mib"] = peak_rss_mib(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    held, lance = out["retrieve_alone_held_eps"], out["retrieve_alone_lance_eps"]
+    out["retrieve_held_vs_lance"] = held / lance
+    print(f"retrieve burst alone, fresh workers: vectors held {held:.0f} events/s, LanceDB "
+          f"queries {lance:.0f} events/s = {held / lance:.2f}x")
+    show_cpu("request, held", out["retrieve_alone_held_cpu_ms_per_event"])
+    show_cpu("request, LanceDB", out["retrieve_alone_lance_cpu_ms_per_event"])
     return out
+
+
+async def ready_worker(s, bootstrap: str, **env: str) -> subprocess.Popen:
+    """A worker on fresh topics, started and in a stable group."""
+    await create_topics(s, bootstrap)
+    proc = start_worker(s, bootstrap, **env)
+    while not await group_stable(s, bootstrap, s.app_id):
+        if proc.poll() is not None:  # else a worker that died at start is waited for forever
+            raise RuntimeError(f"worker exited {proc.returncode}; see {s.home / 'worker.log'}")
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)
+    return proc
+
+
+async def seed_memories(s, bootstrap: str, host: HostClient, users: int) -> None:
+    """One memory per user for the retrieve path, waited for until the gate saw them."""
+    for u in range(users):
+        hs = host.session(f"mem-{u}", f"user-{u}")
+        await hs.lifecycle("start", T0, MANIFEST)
+        await hs.user_message(f"My locker code is zq{u:03d}x at the Riverside gym.", T0 + 1)
+    await count_until(bootstrap, s.topic("audit"),
+                      lambda r: sum(a["stage"] == "gate" and a["sessionId"].startswith("mem-")
+                                    for a in r) >= 2 * users)
+
+
+async def retrieve_burst(s, bootstrap: str, n: int) -> float:
+    """Events/s of n questions, one per seeded user, produced at once, until every one is
+    decided by the broker."""
+    t = time.monotonic()
+    await burst(bootstrap, s.topic("session-events"), [
+        chat_event(f"ask2-{i}", 1, f"Where is the gym with locker zq{i:03d}x?",
+                   T0 + 3 * 86_400_000 + i, user=f"user-{i}") for i in range(n)])
+    end = await count_until(
+        bootstrap, s.topic("audit"),
+        lambda rr: sum(a["stage"] == "broker" and a["sessionId"].startswith("ask2-")
+                       for a in rr) >= n)
+    return n / (end - t)
 
 
 def run_bench(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, object]],

@@ -89,11 +89,11 @@ def broker(settings: Settings) -> tuple[str, bool]:
     return bootstrap, started is not None
 
 
-def start_worker(settings: Settings, bootstrap: str) -> subprocess.Popen:
+def start_worker(settings: Settings, bootstrap: str, **extra_env: str) -> subprocess.Popen:
     settings.home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, KAFKA_BOOTSTRAP=bootstrap, MNEMOFLOW_HOME=str(settings.home),
                MNEMOFLOW_TOPIC_PREFIX=settings.topic_prefix, MNEMOFLOW_APP_ID=settings.app_id,
-               MNEMOFLOW_STORE=settings.store)
+               MNEMOFLOW_STORE=settings.store, **extra_env)
     log = open(settings.home / "worker.log", "ab")
     return subprocess.Popen([sys.executable, "-m", "mnemoflow.streams.cli", "worker"], env=env,
                             stdout=log, stderr=subprocess.STDOUT)

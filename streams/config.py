@@ -121,6 +121,9 @@ class Settings:
         default_factory=lambda: env_float("MNEMOFLOW_CONSOLIDATE_IDLE_S", 3.0))
     graph: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_GRAPH", True))
     vector: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_VECTOR", True))
+    # the vectors of LanceDB tables below their ANN threshold also held in memory and searched
+    # there (about 1.5 KiB a memory); off: every vector search is a LanceDB query
+    held_vectors: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_HELD_VECTORS", True))
     # the MiniLM forward pass (the vectors are interchangeable): onnx (ONNX Runtime; numpy when
     # onnxruntime cannot be imported) or numpy (projections/embedding_onnx.minilm_embedder)
     embedder: str = field(default_factory=lambda: env_choice(

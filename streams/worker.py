@@ -103,14 +103,14 @@ def checkpoint_build(memory: PartitionedMemory, tuning: Tuning) -> str:
     return f"{memory.version}|{tuning.index!r}"
 
 
-async def open_or_replace(path: Path, meta: IndexMeta) -> VectorIndex:
+async def open_or_replace(path: Path, meta: IndexMeta, held_vectors: bool = True) -> VectorIndex:
     """A partition's vector index. One built with another model or in an older layout is
     replaced, never mixed, and filled again from the memory-log (and memory-vectors)."""
     try:
-        return await open_index(path, meta)
+        return await open_index(path, meta, held_vectors=held_vectors)
     except IndexMismatch as exc:
         log.warning("%s; building it again from the memory-log", exc)
-        return await open_index(path, meta, rebuild=True)
+        return await open_index(path, meta, rebuild=True, held_vectors=held_vectors)
 
 
 def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = None) -> FaustRunner:
@@ -126,7 +126,8 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
         def index_for(p: int, at: Path | None) -> Any:
             if p == SHARED:  # held by every worker and folded whole on each start: in memory
                 return ArrayIndex(meta)
-            return partial(open_or_replace, (at or folder / partition_dir(p)) / "vectors", meta)
+            return partial(open_or_replace, (at or folder / partition_dir(p)) / "vectors", meta,
+                           settings.held_vectors)
     memory = build_partitioned(tuning, settings.partitions, index_for=index_for,
                                embedder=embedder, graph=settings.graph,
                                vector_timeout_s=settings.vector_timeout_s,

@@ -146,5 +146,6 @@ async def test_the_worker_replaces_an_index_of_an_older_layout(tmp_path, emb) ->
     with pytest.raises(IndexMismatch):
         await open_index(path, meta)
     index = await open_or_replace(path, meta)
-    assert len(index) == 0
+    assert len(index) == 0 and index.near is not None  # vectors held by default
     assert json.loads((path / "index_meta.json").read_text())["layout"] != "per-kind/2"
+    assert (await open_or_replace(path, meta, held_vectors=False)).near is None

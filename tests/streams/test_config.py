@@ -24,6 +24,12 @@ def test_the_replay_worker_waits_for_every_projection(monkeypatch) -> None:
     assert s.barrier_timeout_s >= 60 and s.vector_timeout_s >= 60
 
 
+def test_held_vectors_are_on_unless_switched_off(monkeypatch) -> None:
+    assert Settings().held_vectors
+    monkeypatch.setenv("MNEMOFLOW_HELD_VECTORS", "0")
+    assert not Settings().held_vectors
+
+
 def test_an_unknown_barrier_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("MNEMOFLOW_RECALL_BARRIER", "lexical")
     with pytest.raises(ValueError, match="applied, projected"):
