@@ -64,6 +64,7 @@ KEEP_VERSIONS = timedelta(minutes=10)
 OVERFETCH = 10  # rows beyond k a scope-only prefiltered search asks for (VectorIndex.search)
 HELD_COLUMNS = ("memory_id", "scope", "owner", "event_time", "expires_at")
 
+
 class IndexMismatch(RuntimeError):
     """The stored index was built with another embedding model or another layout: rebuild it
     from the memory-log, do not mix."""
@@ -115,7 +116,8 @@ def _rows(table: str, t: pa.Table) -> dict[str, Row]:
 
 
 def _near_rows(t: pa.Table) -> list[dict[str, Any]]:
-    """The rows of `t` as the in-memory mirror takes them: vector searches only, so no text."""
+    """The rows of `t` as `VectorIndex.near` takes them: it answers vector searches only, so
+    it is given no text."""
     return [{"memory_id": m, "kind": k, "text": "", "scope": s, "owner": o, "event_time": et,
              "expires_at": ex} for m, k, s, o, et, ex in zip(
         *(t.column(c).to_pylist() for c in ("memory_id", "kind", "scope", "owner", "event_time",
