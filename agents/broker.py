@@ -90,7 +90,8 @@ def _item(r: Any) -> dict[str, Any]:
     return {"memoryId": c.memory_id, "kind": c.kind, "text": c.text, "scope": c.scope,
             "owner": c.owner, "score": r.activation, "sourceSeq": c.event_seq,
             "sourceSessionId": c.session_id, "provenance": c.provenance,
-            "eventTime": c.event_time, "digest": c.digest, "tiers": list(c.tiers)}
+            "eventTime": c.event_time, "digest": c.digest, "tiers": list(c.tiers),
+            "sealed": None}
 
 
 def audit_candidates(ranked: RankResult, safety_reason: dict[str, str],

@@ -41,6 +41,11 @@ class Controls:
         if entry not in at:
             insort(at, entry)
 
+    def forget(self, user: str) -> None:
+        """The user is forgotten: their switches go with the rest."""
+        for key in [k for k in self.switches if k[0] == user]:
+            del self.switches[key]
+
     def _off(self, key: Key, t: int) -> bool:
         off = False
         for when, _, is_off in self.switches.get(key, ()):

@@ -85,6 +85,7 @@ def extract_facts(seg: dict[str, Any]) -> list[dict[str, Any]]:
                 "attributes": {"category": rule.category, "rule": rule.name,
                                "correction": "1" if rule.name == "correction" else "0",
                                "sources": json_list([seg["segmentId"]])},
+                "sealed": None,
             })
     return out
 

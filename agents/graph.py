@@ -16,6 +16,7 @@ from typing import Any
 
 from mnemoflow.agents.ids import RecentIds, stable_id
 from mnemoflow.agents.memory_events import REVOKE_OPS
+from mnemoflow.agents.sealing import FORGET_OP
 
 ENTITY = "entity:"
 MEMORY_KINDS = frozenset({"segment", "episode", "fact", "procedure"})
@@ -114,6 +115,8 @@ class GraphState:
             self._add_link(ev["memoryId"], ev, ev.get("subject") or "", ev.get("object") or "")
         elif op == LINK_REVOKED:
             self._revoke_link(ev["memoryId"])
+        elif op == FORGET_OP:
+            self.forget(str(ev["owner"]))
         elif op in ("alias_added", "alias_revoked"):
             alias, target = ev.get("subject") or "", ev.get("object") or ""
             lid = alias_link_id(ev["scope"], ev["owner"], alias, target)
@@ -126,6 +129,15 @@ class GraphState:
             return False
         self._applied.add(ev["eventId"])
         return True
+
+    def forget(self, owner: str) -> None:
+        """Every node, mention and link of the owner, in any scope, dropped."""
+        for key in [k for k in self.partitions if k[1] == owner]:
+            del self.partitions[key]
+        for mid in [m for m, n in self.memories.items() if n.owner == owner]:
+            del self.memories[mid]
+        for lid in [i for i, link in self.links.items() if link.owner == owner]:
+            del self.links[lid]
 
     def _part(self, scope: str, owner: str) -> Partition:
         return self.partitions.setdefault((scope, owner), Partition())

@@ -55,7 +55,7 @@ def link_added(scope: str, owner: str, subject: str, obj: str, evidence: Sequenc
         "entities": _names(subject, obj), "provenance": list(evidence), "source": source,
         "confidence": confidence, "ttlMs": ttl_ms, "subject": subject, "predicate": predicate,
         "object": obj, "riskLevel": None,
-        "attributes": {"basis": basis, "weight": f"{weight:g}"},
+        "attributes": {"basis": basis, "weight": f"{weight:g}"}, "sealed": None,
     }
 
 

@@ -38,6 +38,7 @@ def memory_event(*, event_id: str, op: str, memory_id: str, kind: str, scope: st
         "provenance": list(provenance), "source": source, "confidence": float(confidence),
         "ttlMs": ttl_ms, "subject": subject, "predicate": predicate, "object": object_,
         "riskLevel": risk_level, "attributes": {str(k): str(v) for k, v in (attributes or {}).items()},
+        "sealed": None,  # a writer's keyring seals it (streams.keyring)
     }
 
 
@@ -166,3 +167,14 @@ def memory_switch(user: str, off: bool, event_time: int, *, session: str = "") -
         memory_id=stable_id("control", user, session), kind="control", scope="User",
         owner=user, event_time=event_time, session_id=session,
         attributes={"session": session} if session else {})
+
+
+def owner_forget(owner: str, event_time: int, *, scope: str = "User") -> dict[str, Any]:
+    """`owner_forgotten`: every projection drops the owner's memories, in every scope. Never
+    sealed, so it still reads after the owner's keys are shredded. Written to the memory-log
+    (scope User) and to memory-shared (scope Workspace): each store drops what it holds of the
+    owner. An operator's action: pass it through `as_operator`."""
+    return memory_event(
+        event_id=stable_id("mem", "forget", owner, scope, event_time), op="owner_forgotten",
+        memory_id=stable_id("control", owner, "forget"), kind="control", scope=scope,
+        owner=owner, event_time=event_time)

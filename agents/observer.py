@@ -204,7 +204,7 @@ def _memory_events(seg: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, 
         "scope": "User", "owner": seg["userId"], "sessionId": env["sessionId"],
         "eventSeq": env["eventSeq"], "eventTime": seg["eventTime"], "text": seg["text"],
         "entities": seg["entities"], "provenance": prov, "ttlMs": None, "subject": None,
-        "predicate": None, "object": None, "riskLevel": None,
+        "predicate": None, "object": None, "riskLevel": None, "sealed": None,
     }
     if (rec.get("attributes") or {}).get("memory") == "off":
         return ()  # the host marked this message ephemeral (a probe, a benchmark question)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mnemoflow.agents.broker import BrokerState
@@ -77,6 +77,9 @@ class Ports:
     stores: Callable[[], Sequence[Any]] = tuple
     link_proposals: Callable[[], list[dict[str, Any]]] = list  # from the graph projection
     rules: RuleSet | None = None  # the injection rules safety checks with (G-03)
+    # seals a packet's item texts with their owners' keys (streams.keyring), so that neither
+    # the inbox nor the broker's state keeps them in the clear; None: kept as they are
+    seal_packet: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
 
 
 StepResult = tuple[Any, Sequence[Output]]
@@ -178,9 +181,14 @@ async def recall_step(ports: Ports, state: BrokerState,
               for store in ports.stores())
     new, out = await respond(state, req, ports.tiers, projection, ports.index_version,
                              ports.tuning.rank, ports.rules, memory_off=off)
+    op = out.inbox_op
+    if op is not None and op.get("packet") and ports.seal_packet is not None:
+        op = {**op, "packet": await ports.seal_packet(op["packet"])}
+        new = replace(new, done=tuple((rid, op if rid == req["requestId"] else o, a)
+                                      for rid, o, a in new.done))
     emits: list[Output] = []
-    if out.inbox_op is not None:
-        emits.append(Emit("inbox", req["sessionId"], out.inbox_op))
+    if op is not None:
+        emits.append(Emit("inbox", req["sessionId"], op))
     emits.append(Emit("audit", req["sessionId"],
                       {**out.audit, "emitTime": out.audit.get("emitTime") or ports.clock()}))
     return new, emits

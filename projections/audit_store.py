@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 import duckdb
 import pyarrow as pa
 
+from mnemoflow.agents.sealing import FORGET_OP
+
 # bumped whenever a table changes: a file of another layout is emptied and folded again
 LAYOUT = "4"
 # the topics folded, by base name (memory-shared holds the Session and Workspace memories)
@@ -253,6 +255,13 @@ def rows_of(records: Iterable[LogRecord]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def forgotten_owners(records: Iterable[LogRecord]) -> list[str]:
+    """The owners these records forget (`owner_forgotten` on a memory topic)."""
+    return sorted({str(r.value["owner"]) for r in records
+                   if r.value is not None and r.topic in ("memory-log", "memory-shared")
+                   and r.value.get("op") == FORGET_OP})
+
+
 def next_offsets(records: Iterable[LogRecord]) -> dict[tuple[str, int], int]:
     """(topic, partition) -> the offset after the last of these records."""
     nxt: dict[tuple[str, int], int] = {}
@@ -273,6 +282,7 @@ class AuditStore:
     def __init__(self, path: Path | None, source: str = "") -> None:
         self.path = path
         self.source = source
+        self.forgets_seen = 0  # owner_forgotten events folded by this object
         self.con = self._connect()
         self._prepare()
 
@@ -348,6 +358,12 @@ class AuditStore:
             for name, rows in tables.items():
                 if rows:
                     added[name] = self._insert(BY_NAME[name], rows)
+            # a forgotten owner's memory events go (their text among them); a rebuild of the
+            # file, which `streams.audit_sync` then makes, leaves none of their bytes either
+            for owner in forgotten_owners(records):
+                con.execute("DELETE FROM memory_events WHERE owner = ? AND op <> ?",
+                            [owner, FORGET_OP])
+                self.forgets_seen += 1
             # an offset never moves back: records folded again from below it leave it be
             con.executemany(
                 "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, part) DO UPDATE "

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from mnemoflow.agents.memory_events import SCOPES
+from mnemoflow.agents.sealing import FORGET_OP
 from mnemoflow.projections.memory_store import MemoryRecord, MemoryStore
 
 log = logging.getLogger(__name__)
@@ -305,13 +307,15 @@ def _events_of(d: dict[str, Any]) -> list[dict[str, Any]]:
           "provenance": [str(x) for x in d.get("prov") or []], "source": str(source),
           "confidence": float(d["conf"]) if d.get("conf") is not None else 0.5,
           "ttlMs": int(ttl) if ttl is not None else None, **spo,
-          "riskLevel": str(risk) if risk is not None else None, "attributes": attrs}
+          "riskLevel": str(risk) if risk is not None else None, "attributes": attrs,
+          "sealed": None}
     out = [ev]
     if conflict == "disputed":
         out.append({"eventId": f"md:{d['id']}:disputed", "op": "fact_conflicted", **base,
                     "kind": "evidence", "text": "", "entities": [], "provenance": [],
                     "source": "user", "confidence": 0.0, "ttlMs": None, "subject": None,
-                    "predicate": None, "object": None, "riskLevel": None, "attributes": {}})
+                    "predicate": None, "object": None, "riskLevel": None, "attributes": {},
+                    "sealed": None})
     return out
 
 
@@ -373,6 +377,23 @@ class RenderedLines:
                 self.size -= len(self.owners.popitem(last=False)[1])
             return path
 
+    def forget(self, owner: str) -> None:
+        with self._lock:
+            for key in [k for k in self.owners if k[1] == owner]:
+                self.size -= len(self.owners.pop(key))
+
+
+def forget_owner(root: Path, owner: str) -> list[Path]:
+    """Delete the owner's folder in every scope (MEMORY.md and what a person wrote beside
+    the generated block): a forget leaves no file of the owner."""
+    gone = []
+    for scope in SCOPES:
+        folder = path_for(root, scope, owner).parent
+        if folder.is_dir():
+            shutil.rmtree(folder)
+            gone.append(folder)
+    return gone
+
 
 @dataclass
 class MarkdownSink:
@@ -393,7 +414,15 @@ class MarkdownSink:
     failing: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     rendered: RenderedLines = field(default_factory=RenderedLines)
 
+    forgotten: set[str] = field(default_factory=set)
+
     def on_event(self, ev: dict[str, Any]) -> None:
+        if ev.get("op") == FORGET_OP:
+            owner = str(ev["owner"])
+            self.forgotten.add(owner)
+            self.dirty = {k for k in self.dirty if k[1] != owner}
+            self.rendered.forget(owner)
+            return
         self.dirty.add((ev["scope"], ev["owner"]))
 
     async def flush(self) -> int:
@@ -401,6 +430,10 @@ class MarkdownSink:
         the worker's event loop (py-spy: ~7 % of its samples were these writes under load).
         The owners' record lists are taken on the loop; a record changed meanwhile is
         rewritten by the next flush. Returns the number of files written."""
+        if self.forgotten:
+            owners, self.forgotten = sorted(self.forgotten), set()
+            for owner in owners:
+                await asyncio.to_thread(forget_owner, self.root, owner)
         now = self.clock()
         due = sorted(o for o in self.dirty if self.failing.get(o, (0, now))[1] <= now)
         if not due:

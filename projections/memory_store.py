@@ -35,6 +35,7 @@ from mnemoflow.agents.lexical_index import LexicalDoc, LexicalIndex
 from mnemoflow.agents.memory_events import REVOKE_OPS
 from mnemoflow.agents.memory_record import AliasRecord, MemoryRecord, is_candidate, record_of
 from mnemoflow.agents.memory_record import recallable as record_recallable
+from mnemoflow.agents.sealing import FORGET_OP
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
 
 APPLIED_WINDOW = 200_000  # recent event ids kept per store for the redelivery guard
@@ -87,6 +88,8 @@ class MemoryStore:
         self.relinked: list[str] = []
         # memory off and on, per user and per session (operator switches, by event time)
         self.controls = Controls()
+        # owners forgotten (`owner_forgotten`), in fold order: the sinks drop what they hold
+        self.forgotten: list[str] = []
 
     @property
     def version(self) -> str:
@@ -119,6 +122,9 @@ class MemoryStore:
         self.applied_count += 1
         self.latest_event_time = max(self.latest_event_time, int(ev["eventTime"]))
         op, mid = ev["op"], ev["memoryId"]
+        if op == FORGET_OP:
+            self._forget(str(ev["owner"]))
+            return True
         if op in CONTROL_OPS:
             self.controls.apply(ev)
             return True
@@ -243,6 +249,46 @@ class MemoryStore:
     def _revoke_if_orphaned(self, mid: str) -> None:
         if R.orphaned(self, mid):
             self._revoke(mid, R.SOURCES_REVOKED)
+
+    # ------------------------------------------------------------------------- forget (G-02)
+
+    def _forget(self, owner: str) -> None:
+        """Drop every trace of the owner's memories, in every scope: records, text, facts,
+        aliases, procedures, switches. The ids go to `forgotten` (and `revocations`, so that the
+        sinks delete their rows); nothing of the owner is left to checkpoint."""
+        gone = self.ids_of(owner)
+        for mid in sorted(gone):
+            self.lexical.remove(mid)
+            al = self.aliases.pop(mid, None)
+            if al is not None and not al.revoked:
+                self.lexical.revoke_alias(al.alias, al.target, al.scope, al.owner)
+            rec = self.records.pop(mid, None)
+            if rec is not None:
+                self._unindex(rec)
+            for table in (self.procedures, self.fact_candidates, self.sources, self.derived,
+                          self._context_of, self._next_of):
+                table.pop(mid, None)
+            self.anchored.discard(mid)
+            self.revocations.append(mid)
+        for key in [k for k in self.by_owner if k[1] == owner]:
+            del self.by_owner[key]
+        for src in list(self.derived):
+            self.derived[src] -= gone
+        for table in (self._context_of, self._next_of, self._last_segment):
+            for k in [k for k, v in table.items() if v in gone]:
+                del table[k]
+        for key in [k for k in self.active_fact if k[0] == owner]:
+            del self.active_fact[key]
+        for key in [k for k in self.conflicts if k[0] == owner]:
+            del self.conflicts[key]
+        self.controls.forget(owner)
+        self.forgotten.append(owner)
+
+    def ids_of(self, owner: str) -> set[str]:
+        """Every memory, procedure and alias id of the owner, in any scope."""
+        gone = {m for (_, o), ids in self.by_owner.items() if o == owner for m in ids}
+        gone |= {m for m, p in self.procedures.items() if p.owner == owner}
+        return gone | {m for m, a in self.aliases.items() if a.owner == owner}
 
     # ------------------------------------------------------------------------- aliases (M-05)
 

@@ -96,6 +96,11 @@ def load(folder: Path, build: str) -> Checkpoint | None:
     return cp
 
 
+def drop(folder: Path) -> None:
+    """Remove one partition's checkpoint (it holds what a forget dropped)."""
+    (folder / FILE).unlink(missing_ok=True)
+
+
 def drop_all(root: Path) -> int:
     """Remove every partition's checkpoint under `root` (the broker's data was reset)."""
     gone = 0

@@ -61,6 +61,7 @@ COMPACT_EVERY = 50  # writes; many small appends make many fragments
 # how long a compaction keeps the files of versions a newer one replaced (LanceDB: 7 days,
 # about 3.6 files a write, so 300,000 files a day per table at a flush a second)
 KEEP_VERSIONS = timedelta(minutes=10)
+PURGE_WAITS = 100  # 50 ms each
 OVERFETCH = 10  # rows beyond k a scope-only prefiltered search asks for (VectorIndex.search)
 HELD_COLUMNS = ("memory_id", "scope", "owner", "event_time", "expires_at")
 
@@ -202,9 +203,11 @@ class KindTable:
             await self.table.create_index("vector", config=IvfPq(distance_type="cosine"))
             self.has_ann = True
 
-    async def compact(self) -> None:
+    async def compact(self, purge: bool = False) -> None:
         """Compact fragments, fold new rows into the indices, and delete the files of the
-        versions replaced more than `keep_versions` ago.
+        versions replaced more than `keep_versions` ago (with `purge`: of every version but
+        the newest, once no query is in flight or after PURGE_WAITS tries: a forget's
+        erasure outweighs a query that then fails and falls back to the lexical tier).
 
         Deleting a version's files fails a query still reading it. Every reader of these
         tables is in this process and counted in `readers`, and a query reads the newest
@@ -212,6 +215,13 @@ class KindTable:
         the compaction can read a version, a newer one than `keep_versions` ago. With a query
         in flight, LanceDB's default (7 days) is kept this time.
         """
+        if purge:
+            for _ in range(PURGE_WAITS):
+                if self.readers == 0:
+                    break
+                await asyncio.sleep(0.05)
+            await self.table.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+            return
         await self.table.optimize(
             cleanup_older_than=self.keep_versions if self.readers == 0 else None)
 
@@ -448,6 +458,12 @@ class VectorIndex(HeldRows):
         """Compact every table and fold unindexed rows into its indices (`KindTable.compact`)."""
         for t in self.tables.values():
             await t.compact()
+
+    async def purge(self) -> None:
+        """Compact, then delete every file that only older versions use, at once: rows
+        deleted for a forget leave the disk, not only the newest version."""
+        for t in self.tables.values():
+            await t.compact(purge=True)
 
 
 async def open_index(path: Path, meta: IndexMeta, rebuild: bool = False,

@@ -129,6 +129,7 @@ class VectorSink:
     _own_store: bool = False
     _seen_revocations: int = 0
     _seen_relinks: int = 0
+    _seen_forgets: int = 0
     _redo: set[str] = field(default_factory=set)  # written rows whose context changed
     _pending_ids: set[str] = field(default_factory=set)
     # (scope, owner) -> rows buffered or being written: what a per-owner barrier waits for
@@ -143,6 +144,7 @@ class VectorSink:
         assert self.store is not None
         self._seen_revocations = len(self.store.revocations)
         self._seen_relinks = len(self.store.relinked)
+        self._seen_forgets = len(self.store.forgotten)
 
     def _follow_store(self) -> None:
         st = self.store
@@ -277,6 +279,10 @@ class VectorSink:
             if rows:  # a revoked text stops being another vector's context
                 await self._write(rows)
             redo = set()
+            assert self.store is not None
+            if len(self.store.forgotten) > self._seen_forgets and hasattr(self.index, "purge"):
+                await self.index.purge()  # a forgotten owner's rows leave the files too
+            self._seen_forgets = len(self.store.forgotten)
         except BaseException:
             self.pending = todo + self.pending
             self.revoked = revoked + self.revoked

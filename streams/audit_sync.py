@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from mnemoflow.projections.audit_store import TOPICS, AuditStore, LogRecord
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.keyring import Keyring
 from mnemoflow.streams.producer import require_topics
 from mnemoflow.streams.reader import topic_partitions
 from mnemoflow.streams.topics import VALUE_SCHEMA
@@ -57,12 +58,14 @@ class SyncReport:
 
 async def sync(store: AuditStore, settings: Settings, bootstrap: str,
                registry: SchemaRegistry | None = None, stall_s: float | None = None,
-               rebuild: bool = False) -> SyncReport:
+               rebuild: bool = False, keyring: Keyring | None = None) -> SyncReport:
     """Fold every record written to the topics since the store's offsets, up to the end
     offsets as of now. With `rebuild`, the store is emptied first and folds from offset 0;
     so it is, too, if it holds an offset past a partition's end (the topics were deleted
     and made again, or the broker was reset). Raises TimeoutError if no record arrives for
-    `stall_s` (default the host timeout) while some partition is still behind."""
+    `stall_s` (default the host timeout) while some partition is still behind. Memory events
+    are folded in the clear (`keyring`, or one made for the sync); those whose key is shredded
+    are folded as undecodable (`key-shredded`)."""
     started = time.monotonic()
     report = SyncReport()
     registry = registry or default_registry()
@@ -74,6 +77,9 @@ async def sync(store: AuditStore, settings: Settings, bootstrap: str,
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                 enable_auto_commit=False, auto_offset_reset="earliest",
                                 **settings.client_kwargs())
+    own = keyring is None and settings.seal
+    if own:
+        keyring = Keyring(settings, bootstrap, registry)
     await consumer.start()
     try:
         tps: list[TopicPartition] = []
@@ -96,17 +102,28 @@ async def sync(store: AuditStore, settings: Settings, bootstrap: str,
         consumer.assign(list(behind))
         for tp, pos in behind.items():
             consumer.seek(tp, pos)
+        forgets = store.forgets_seen
         await _drain(consumer, store, names, behind, ends, registry, report,
-                     settings.host_timeout_s if stall_s is None else stall_s)
+                     settings.host_timeout_s if stall_s is None else stall_s, keyring)
+        if store.forgets_seen > forgets and not rebuild:
+            # an owner was forgotten: the file is made anew, so that none of the bytes their
+            # deleted rows held stay in it (the topics no longer open to their text)
+            again = await sync(store, settings, bootstrap, registry, stall_s, rebuild=True,
+                               keyring=keyring)
+            again.rebuilt = "an owner was forgotten"
+            return again
     finally:
         await consumer.stop()
+        if own and keyring is not None:
+            await keyring.stop()
     report.seconds = time.monotonic() - started
     return report
 
 
 async def _drain(consumer: AIOKafkaConsumer, store: AuditStore, names: dict[str, str],
                  behind: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-                 registry: SchemaRegistry, report: SyncReport, stall_s: float) -> None:
+                 registry: SchemaRegistry, report: SyncReport, stall_s: float,
+                 keyring: Keyring | None) -> None:
     last_progress = time.monotonic()
     while behind:
         batch = await consumer.getmany(timeout_ms=500, max_records=BATCH)
@@ -121,6 +138,8 @@ async def _drain(consumer: AIOKafkaConsumer, store: AuditStore, names: dict[str,
                     records.append(LogRecord(base, tp.partition, m.offset, None, exc.reason))
                     report.skipped += 1
                 report.records[base] = report.records.get(base, 0) + 1
+        if keyring is not None:
+            records = await _opened(records, keyring)
         if records:
             last_progress = time.monotonic()
             for table, n in store.fold(records).items():
@@ -133,3 +152,14 @@ async def _drain(consumer: AIOKafkaConsumer, store: AuditStore, names: dict[str,
             late = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in list(behind)[:3])
             raise TimeoutError(f"audit sync: no record for {stall_s:.0f}s from {late} "
                                f"(still behind its end offset)")
+
+
+async def _opened(records: list[LogRecord], keyring: Keyring) -> list[LogRecord]:
+    """Memory events and packets in the clear (a memory event whose key is shredded is folded
+    as undecodable: `key-shredded`)."""
+    out = list(records)
+    for i, r in enumerate(records):
+        if r.value is not None and r.topic in ("memory-log", "memory-shared", "inbox"):
+            value = await keyring.open_value(VALUE_SCHEMA[r.topic], r.value)
+            out[i] = r._replace(value=value, error=None if value is not None else "key-shredded")
+    return out

@@ -124,6 +124,13 @@ class Settings:
     # the vectors of LanceDB tables below their ANN threshold also held in memory and searched
     # there (about 1.5 KiB a memory); off: every vector search is a LanceDB query
     held_vectors: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_HELD_VECTORS", True))
+    # memory text sealed with per-owner data keys (agents/sealing.py), so that forgetting a
+    # user holds although the memory-log is kept forever; off: written in the clear
+    seal: bool = field(default_factory=lambda: env_bool("MNEMOFLOW_SEAL", True))
+    # the key-encryption key that wraps the data keys: 32 bytes; created (0600) under the home
+    # when missing. Every worker, host and command of one deployment needs the same file
+    kek_file: Path | None = field(
+        default_factory=lambda: Path(p) if (p := env_opt("MNEMOFLOW_KEK_FILE")) else None)
     # the MiniLM forward pass (the vectors are interchangeable): onnx (ONNX Runtime; numpy when
     # onnxruntime cannot be imported) or numpy (projections/embedding_onnx.minilm_embedder)
     embedder: str = field(default_factory=lambda: env_choice(
@@ -171,6 +178,10 @@ class Settings:
         if self.partitions < 1:
             raise ConfigError(f"MNEMOFLOW_PARTITIONS={self.partitions!r} is not valid: "
                               f"expected an integer >= 1")
+
+    @property
+    def kek_path(self) -> Path:
+        return self.kek_file or self.home / "kek"
 
     @property
     def kafka_dir(self) -> Path:

@@ -43,6 +43,7 @@ from starlette.templating import Jinja2Templates
 from mnemoflow.agents import tenancy as TN
 from mnemoflow.agents.ids import stable_id
 from mnemoflow.agents.partitioning import request_key
+from mnemoflow.agents.sealing import FORGET_OP
 from mnemoflow.projections import audit_queries as Q
 from mnemoflow.projections import markdown as MD
 from mnemoflow.projections.audit_store import AuditStore, LogRecord
@@ -74,6 +75,9 @@ class ConsoleSource(Protocol):
 
     async def send_request(self, request: Row) -> None:
         """Send a recall request to the worker (an operator's replay; acknowledged)."""
+
+    async def forget(self, owner: str, reason: str, actor: str) -> str:
+        """Forget the owner (streams.forget); a summary of what was done."""
 
 
 class KafkaSource:
@@ -110,7 +114,7 @@ class KafkaSource:
             records = await self._reader.drain()
             for r in records:
                 if r.value is not None:
-                    self._by_owner.setdefault(r.value["owner"], []).append(r.value)
+                    _hold(self._by_owner, r.value)
             records.clear()  # the reader keeps what it read; here it is kept once, by owner
 
     def events_of(self, owner: str) -> list[Row]:
@@ -123,6 +127,15 @@ class KafkaSource:
         await self._host.producer.send(self.settings.topic("recall-requests"),
                                        VALUE_SCHEMA["recall-requests"], request_key(request),
                                        request)
+
+    async def forget(self, owner: str, reason: str, actor: str) -> str:
+        """`streams.forget` with this console's clients: its reader's keyring learns of the
+        shredded keys at once, and the next sync makes the console's audit store anew."""
+        from mnemoflow.streams.forget import forget_owner
+
+        done = await forget_owner(self.settings, self.bootstrap, owner, reason, actor,
+                                  host=self._host, keyring=self._reader.keys())
+        return done.summary()
 
 
 class HeldSource:
@@ -160,6 +173,24 @@ class HeldSource:
 
     async def send_request(self, request: Row) -> None:
         await self._write("recall-requests", request)
+
+    async def forget(self, owner: str, reason: str, actor: str) -> str:
+        from mnemoflow.agents import memory_events as M
+
+        now = int(time.time() * 1000)
+        for scope in ("User", "Workspace"):
+            ev = M.as_operator(M.owner_forget(owner, now, scope=scope), reason, actor)
+            _hold(self._by_owner, ev)
+            await self._write("memory-log", ev)
+        return f"{owner} forgotten"
+
+
+def _hold(by_owner: dict[str, list[Row]], ev: Row) -> None:
+    """Keep a memory event under its owner; a forget leaves only itself of the owner's."""
+    if ev.get("op") == FORGET_OP:
+        by_owner[ev["owner"]] = [e for e in by_owner.get(ev["owner"], ())
+                                 if e.get("op") == FORGET_OP]
+    by_owner.setdefault(ev["owner"], []).append(ev)
 
 
 def access_refusal(token: str | None, host: str | None, cookie: str | None,
@@ -412,6 +443,20 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         what = f"session {ses} of {uid}" if ses else uid
         return _done(back, f"memory {'off' if off else 'on'} for {what} by {actor}: {reason}")
 
+    async def forget(request: Request) -> Response:
+        uid = request.path_params["uid"]
+        form = await request.form()
+        back = f"/users/{quote(uid)}"
+        reason, typed = str(form.get("reason") or "").strip(), str(form.get("confirm") or "")
+        if not reason:
+            return page(request, "refused.html", 409, why="a reason is needed", back=back)
+        if typed != uid:
+            return page(request, "refused.html", 409, back=back,
+                        why="to forget a user, type the user id again: there is no undo")
+        summary = await source.forget(uid, reason, actor)
+        await source.refresh()
+        return _done(back, f"{summary} by {actor}: {reason}")
+
     async def login(request: Request) -> Response:
         given = request.query_params.get("token", "")
         if token is None or not hmac.compare_digest(given.encode(), token.encode()):
@@ -467,6 +512,7 @@ def create_app(source: ConsoleSource, *, token: str | None = None, actor: str = 
         Route("/users/{uid}/memories/{mid}/{verb}", guarded(act, post=True), methods=["POST"]),
         Route("/users/{uid}/memories/{mid}", guarded(memory)),
         Route("/users/{uid}/switch", guarded(switch, post=True), methods=["POST"]),
+        Route("/users/{uid}/forget", guarded(forget, post=True), methods=["POST"]),
         Route("/users/{uid}", guarded(user)),
         Route("/login", login),
         Route("/healthz", healthz),

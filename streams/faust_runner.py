@@ -40,6 +40,7 @@ from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
+from mnemoflow.streams.keyring import Keyring
 from mnemoflow.streams.lifecycle import CrashLimit
 from mnemoflow.streams.metrics import Lag, WorkerMetrics
 from mnemoflow.streams.projector import MemoryProjector
@@ -78,6 +79,8 @@ class FaustRunner:
     topics: dict[str, faust.TopicT] = field(default_factory=dict)
     # what the runner writes is counted here; the worker passes the one its server exposes
     metrics: WorkerMetrics = field(default_factory=lambda: WorkerMetrics(CollectorRegistry()))
+    # seals what goes to the memory-log (None: memory text is written in the clear)
+    keyring: Keyring | None = None
 
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -105,6 +108,17 @@ class FaustRunner:
             if self.memory.embedder is not None:
                 await self.memory.embedder.warm_up()
             await self.projector.run()
+
+        keyring = self.keyring
+        if keyring is not None:
+            @app.task
+            async def follow_owner_keys() -> None:
+                """A shredded key is noticed within a second, and forgotten here too."""
+                try:
+                    await keyring.start()
+                    await keyring.tail()
+                finally:
+                    await keyring.stop()
 
         @app.timer(interval=LAG_EVERY_S)
         async def metrics_consumer_lag() -> None:
@@ -226,11 +240,17 @@ class FaustRunner:
         headers = None
         if out.topic == "inbox":
             self.bump("packets")
-            value, headers = op_record(out.value, self.registry)
+            op = out.value
+            if self.keyring is not None and op.get("packet"):
+                op = {**op, "packet": await self.keyring.seal_packet(op["packet"])}
+            value, headers = op_record(op, self.registry)
         else:
             if out.topic == "segments":
                 self.bump("segments")
-            value = self.registry.encode(T.VALUE_SCHEMA[out.topic], out.value)
+            record = out.value
+            if self.keyring is not None and out.topic in ("memory-log", "memory-shared"):
+                record = await self.keyring.seal(record)
+            value = self.registry.encode(T.VALUE_SCHEMA[out.topic], record)
         try:
             await self.topics[out.topic].send(key=out.key.encode(), value=value, headers=headers)
         except (MessageSizeTooLargeError, ProducerSendError) as exc:

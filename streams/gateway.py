@@ -38,6 +38,7 @@ from mnemoflow.streams.gateway_service import (
     SessionConflict,
     SessionUnknown,
     TooLarge,
+    UserForgotten,
     WaitRequest,
 )
 from mnemoflow.streams.producer import BrokerUnavailable, TopicsMissing
@@ -178,11 +179,14 @@ def create_app(settings: Settings, bootstrap: str, tenants: Mapping[str, str], *
         """Hide a memory everywhere; facts and aliases extracted only from it go too."""
         return await gateway.revoke(who, body)
 
-    @app.delete("/v1/users/{user_id}", tags=["memories"], status_code=501)
-    async def forget_user(user_id: str, who: Tenant) -> JSONResponse:
-        """Forgetting a user is not in the host SDK yet: 501."""
-        return JSONResponse({"detail": "forgetting a user is not implemented: the host SDK has "
-                             "no such operation yet; revoke memories one by one"}, 501)
+    @app.delete("/v1/users/{user_id}", response_model=UserForgotten, tags=["memories"])
+    async def forget_user(user_id: str, who: Tenant, reason: str) -> UserForgotten:
+        """Forget a user for good: every projection drops the user's memories, and the keys
+        that sealed their text are shredded, so no replay brings it back. `reason` is kept,
+        in the clear, in the event. There is no undo."""
+        if not reason.strip():
+            raise HTTPException(422, "a forget needs a reason")
+        return await gateway.forget(who, user_id, reason)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> JSONResponse:

@@ -213,6 +213,12 @@ class MemoryWritten(BaseModel):
     eventId: str  # noqa: N815
 
 
+class UserForgotten(BaseModel):
+    userId: str  # noqa: N815
+    eventIds: list[str]  # noqa: N815
+    keysShredded: int  # noqa: N815
+
+
 # ------------------------------------------------------------------------------ the service
 
 
@@ -378,6 +384,16 @@ class Gateway:
                                     wall_ms() if req.eventTime is None else req.eventTime,
                                     scope=req.scope, reason=req.reason)
         return self._written(tenant, req.owner, ev)
+
+    async def forget(self, tenant: str, user: str, reason: str) -> UserForgotten:
+        """Forget one of the tenant's users (streams.forget): the user's memory is dropped
+        everywhere and the keys that sealed its text are shredded."""
+        from mnemoflow.streams.forget import forget_owner
+
+        done = await forget_owner(self.settings, self.bootstrap, TN.scoped(tenant, user, "owner"),
+                                  reason, f"gateway:{tenant}", wall_ms(), host=self.k.host)
+        return UserForgotten(userId=user, eventIds=[e["eventId"] for e in done.events],
+                             keysShredded=len(done.shredded))
 
     @staticmethod
     def _written(tenant: str, owner: str, ev: dict[str, Any]) -> MemoryWritten:

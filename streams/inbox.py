@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,7 +311,16 @@ class InboxClient:
 
     async def pending(self, session_id: str, now_ms: int) -> list[dict[str, Any]]:
         live, _ = split_expired(await self.sync(session_id), now_ms)
-        return live
+        return await self._opened(live)
+
+    async def _opened(self, packets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The packets as the host reads them: their items in the clear, an item whose key is
+        shredded (its owner was forgotten) left out, and a packet left with no item too."""
+        if not self.settings.seal:
+            return list(packets)
+        keys = self.producer.keys()
+        opened = [(p, await keys.open_packet(p)) for p in packets]
+        return [q for p, q in opened if q["items"] or not p["items"]]
 
     async def steer(self, session_id: str, packet: dict[str, Any], now_ms: int,
                     authorised_by: str) -> None:
@@ -382,4 +392,4 @@ class InboxClient:
             p for p in live if state.winner(p["packetId"]) in claim_ids)
         lost = tuple(p["packetId"] for p in live if state.winner(p["packetId"]) not in claim_ids)
         ops = tuple(dict.fromkeys(cid for cid, _ in recovered)) + tuple(claim_ids)
-        return ClaimResult(won, expired, lost, visible, ops)
+        return ClaimResult(tuple(await self._opened(won)), expired, lost, visible, ops)

@@ -1,4 +1,4 @@
-"""`mnemoflow memories list|show|status|revoke|confirm|resolve|approve|disable|enable --user U`:
+"""`mnemoflow memories list|show|status|revoke|confirm|resolve|approve|disable|enable|forget --user U`:
 one owner's memories, and an operator's actions on them, without code.
 
 Reading folds the owner's events of the memory-log and memory-shared topics with the worker's
@@ -59,6 +59,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="event time in ms from which it holds (default: now)")
         a.add_argument("--reason", required=True, help="why: kept in the event and the audit")
         a.add_argument("--actor", default=None, help="who (default: the login name)")
+    f = verbs.add_parser("forget", help="forget an owner for good: every projection drops "
+                         "them, and the keys that sealed their memory text are shredded")
+    f.add_argument("--user", required=True, help="the owner (a user id; or a session or "
+                   "workspace id for memories of those scopes)")
+    f.add_argument("--reason", required=True, help="why: kept, in the clear, in the event")
+    f.add_argument("--actor", default=None, help="who (default: the login name)")
+    f.add_argument("--confirm", required=True, metavar="USER",
+                   help="the owner again: there is no undo")
     m.set_defaults(func=run)
 
 
@@ -77,6 +85,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings, bootstrap: str) -> int:
+    if args.verb == "forget":
+        return await _forget(args, settings, bootstrap)
     view = await read_owner(settings, bootstrap, args.user)
     if args.verb == "list":
         return _print_list(view.rows(everything=args.all), args)
@@ -110,6 +120,22 @@ async def _run(args: argparse.Namespace, settings: Settings, bootstrap: str) -> 
     for ev in events:
         print(f"{ev['op']} {ev['memoryId']} of {args.user} by {ev['attributes']['actor']}: "
               f"{args.reason} (event {ev['eventId']})")
+    return 0
+
+
+async def _forget(args: argparse.Namespace, settings: Settings, bootstrap: str) -> int:
+    from mnemoflow.streams.forget import forget_owner
+
+    if args.confirm != args.user:
+        print(f"error: --confirm {args.confirm!r} is not --user {args.user!r}; nothing done",
+              file=sys.stderr)
+        return 1
+    done = await forget_owner(settings, bootstrap, args.user, args.reason,
+                              args.actor or getpass.getuser())
+    print(done.summary())
+    if not settings.seal:
+        print("note: MNEMOFLOW_SEAL=0: memory text was written in the clear, so the log still "
+              "holds it; only the projections dropped it", file=sys.stderr)
     return 0
 
 

@@ -37,6 +37,8 @@ def worker_env(settings: Settings, bootstrap: str, **extra: str) -> dict[str, st
                MNEMOFLOW_BARRIER_TIMEOUT_S=str(settings.barrier_timeout_s),
                MNEMOFLOW_VECTOR_TIMEOUT_S=str(settings.vector_timeout_s),
                MNEMOFLOW_MAX_PAYLOAD_BYTES=str(settings.max_payload_bytes),
+               MNEMOFLOW_SEAL="1" if settings.seal else "0",
+               MNEMOFLOW_KEK_FILE=str(settings.kek_path),
                PYTHONUNBUFFERED="1")  # the log is read after a SIGKILL too
     if settings.weights_file:
         env["MNEMOFLOW_WEIGHTS"] = settings.weights_file

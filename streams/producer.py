@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -28,6 +28,9 @@ from tenacity.wait import wait_base
 from mnemoflow.schemas.codec import SchemaRegistry
 from mnemoflow.streams.config import Settings
 
+if TYPE_CHECKING:
+    from mnemoflow.streams.keyring import Keyring
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -36,6 +39,7 @@ BROKER_TIMEOUT_S = 30.0  # longest a host call waits for the broker, retries inc
 CREATE_HINT = "run `mnemoflow topics create`"
 # an idempotent session the broker no longer accepts: only a new producer id helps
 BROKEN_SESSION = (OutOfOrderSequenceNumber, InvalidProducerEpoch)
+MEMORY_EVENT = "io.mnemoflow.MemoryEvent"
 RECHECK_S = 1.0  # how long a missing topic is looked for again before it counts as missing
 
 
@@ -166,10 +170,14 @@ class AvroProducer:
 
     def __init__(self, settings: Settings, bootstrap: str,
                  registry: SchemaRegistry | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, keyring: Keyring | None = None) -> None:
+        """`keyring`: seals memory events (one is made when the first is sent and
+        settings.seal holds; a caller that has one passes it)."""
         from mnemoflow.schemas.codec import default_registry
 
         self.settings = settings
+        self.keyring = keyring
+        self._own_keyring = False
         self.bootstrap = bootstrap
         self.registry = registry or default_registry()
         self.timeout_s = timeout_s = settings.host_timeout_s if timeout_s is None else timeout_s
@@ -228,6 +236,8 @@ class AvroProducer:
                         "up: %s", exc)
             await self._give_up_queued(exc)
         await self._producer.stop()
+        if self._own_keyring and self.keyring is not None:
+            await self.keyring.stop()
 
     async def _give_up_queued(self, exc: KafkaError,
                               producer: AIOKafkaProducer | None = None) -> None:
@@ -258,7 +268,7 @@ class AvroProducer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def send_raw(self, topic: str, key: bytes | None, value: bytes,
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: list[tuple[str, bytes]] | None = None,
                        partition: int | None = None) -> Any:
         """Send and wait for the broker's ack, retrying transient errors, within the bound.
@@ -278,5 +288,20 @@ class AvroProducer:
     async def send(self, topic: str, schema: str, key: str, record: dict[str, Any],
                    headers: list[tuple[str, bytes]] | None = None,
                    partition: int | None = None) -> Any:
-        return await self.send_raw(topic, key.encode(), self.registry.encode(schema, record),
+        return await self.send_raw(topic, key.encode(),
+                                   self.registry.encode(schema, await self.sealed(schema, record)),
                                    headers, partition)
+
+    async def sealed(self, schema: str, record: dict[str, Any]) -> dict[str, Any]:
+        """The record as it is written: a memory event sealed with its owner's key."""
+        if schema == MEMORY_EVENT and self.settings.seal:
+            return await self.keys().seal(record)
+        return record
+
+    def keys(self) -> Keyring:
+        """This producer's keyring (made on first use)."""
+        if self.keyring is None:
+            from mnemoflow.streams.keyring import Keyring
+
+            self.keyring, self._own_keyring = Keyring(self.settings, self.bootstrap), True
+        return self.keyring

@@ -34,11 +34,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from mnemoflow.agents.candidate import scope_chain
+from mnemoflow.agents.sealing import FORGET_OP
 from mnemoflow.projections import snapshot
 from mnemoflow.projections.memory import Memory
 from mnemoflow.projections.partitioned import PartitionedMemory, partition_dir
 from mnemoflow.projections.snapshot import Checkpoint, FolderLock
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
+from mnemoflow.streams.keyring import Keyring
 from mnemoflow.streams.metrics import Lag, WorkerMetrics
 from mnemoflow.streams.reader import topic_partitions
 
@@ -62,19 +64,21 @@ class MemoryProjector:
                  registry: SchemaRegistry, client_kwargs: dict[str, object], *,
                  folder: Path | None = None, build: str = "", group: str | None = None,
                  vector_meta: Any = None, checkpoint_every: int = CHECKPOINT_EVERY,
-                 metrics: WorkerMetrics | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, keyring: Keyring | None = None) -> None:
         """`topics`: the memory-log, memory-shared and memory-vectors topic names by base
         name; `folder`: where partition checkpoints go (None: none are kept);
         `vector_meta`: the vector index's meta (model, dim, version), None without vectors;
         `group`: the consumer group the offsets every sink covers are committed to (what
         `mnemoflow eval` waits for; each worker commits the partitions it holds);
-        `metrics`: where the projection lag is published after each batch."""
+        `metrics`: where the projection lag is published after each batch; `keyring`: opens
+        sealed records (None: every record is taken as it is)."""
         self.bootstrap, self.topics, self.memory = bootstrap, topics, memory
         self.registry, self.client_kwargs = registry, client_kwargs
         self.folder, self.build, self.vector_meta = folder, build, vector_meta
         self.checkpoint_every = checkpoint_every
         self.group = group
         self.metrics = metrics
+        self.keyring = keyring
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
         self.projected: dict[TopicPartition, int] = {}  # next offset in every sink
         self.restoring: dict[int, int] = {}  # partition -> the log end it must reach
@@ -89,7 +93,8 @@ class MemoryProjector:
         # order, so asking on the fetching connection would queue behind a long-poll fetch
         self._offsets: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self._outbox: list[tuple[int, bytes, bytes]] = []  # memory-vectors records to send
+        # memory-vectors records to send (None: a tombstone)
+        self._outbox: list[tuple[int, bytes, bytes | None]] = []
         self._ready = asyncio.Event()
         self._progress = asyncio.Condition()
 
@@ -146,8 +151,10 @@ class MemoryProjector:
                     mem = self.memory.memory_for(self._base(tp), tp.partition)
                     if mem is None or tp not in self.applied:
                         continue  # a partition just given up
-                    for m in msgs:
-                        self._fold(mem, tp, m)
+                    for ev in await self._open(tp, msgs):
+                        if ev["op"] == FORGET_OP:
+                            self._forgetting(tp, mem, str(ev["owner"]))
+                        mem.apply(ev)
                     self.applied[tp] = msgs[-1].offset + 1
                     self.since_checkpoint[tp.partition] = (
                         self.since_checkpoint.get(tp.partition, 0) + len(msgs))
@@ -181,13 +188,34 @@ class MemoryProjector:
     def _base(self, tp: TopicPartition) -> str:
         return "memory-shared" if tp.topic == self.topics["memory-shared"] else "memory-log"
 
-    def _fold(self, mem: Memory, tp: TopicPartition, m: Any) -> None:
-        try:
-            _, ev = self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")
-            mem.apply(ev)
-        except DecodeError as exc:
-            self.skipped += 1  # the observer dead-letters at the source
-            log.warning("%s@%s skipped: %s", tp, m.offset, exc)
+    async def _open(self, tp: TopicPartition, msgs: list[Any]) -> list[dict[str, Any]]:
+        """The batch's memory events in the clear; undecodable ones and those whose key is
+        shredded (a forgotten owner's) are skipped."""
+        events = []
+        for m in msgs:
+            try:
+                events.append(self.registry.decode(m.value, "io.mnemoflow.MemoryEvent")[1])
+            except DecodeError as exc:
+                self.skipped += 1  # the observer dead-letters at the source
+                log.warning("%s@%s skipped: %s", tp, m.offset, exc)
+        if self.keyring is None:
+            return events
+        return [ev for ev in await self.keyring.open_all(events) if ev is not None]
+
+    def _forgetting(self, tp: TopicPartition, mem: Memory, owner: str) -> None:
+        """Before the fold drops the owner: their vectors go from memory-vectors (tombstones)
+        and the partition's checkpoint, which holds their text, is deleted; the next flush
+        writes a new one."""
+        ids = sorted(mem.store.ids_of(owner))
+        for mid in ids:
+            mem.known_vectors.pop(mid, None)
+        if self._base(tp) == "memory-log":
+            self._outbox += [(tp.partition, mid.encode(), None) for mid in ids]
+            if tp.partition in self._dirs:
+                snapshot.drop(self._dirs[tp.partition])
+                self.since_checkpoint[tp.partition] = max(self.checkpoint_every,
+                                                          len(mem.store))
+        log.info("owner forgotten on %s: %d memories dropped", tp, len(ids))
 
     def lag(self) -> Lag:
         """Records of each held partition not yet applied: the end the consumer last saw (or,

@@ -6,12 +6,15 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams.config import Settings
+
+if TYPE_CHECKING:
+    from mnemoflow.streams.keyring import Keyring
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,13 @@ class Record:
     key: bytes | None
     value: dict[str, Any] | None
     error: str | None = None
+
+
+def _sealed(value: dict[str, Any]) -> bool:
+    """A memory event, or an inbox op whose packet has an item, sealed."""
+    packet = value.get("packet")
+    return bool(value.get("sealed")) or (isinstance(packet, dict) and any(
+        i.get("sealed") for i in packet.get("items") or ()))
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str,
@@ -41,7 +51,11 @@ class TopicReader:
     """A group-less consumer over all partitions of some topics, from the beginning."""
 
     def __init__(self, settings: Settings, bootstrap: str, topics: list[str],
-                 registry: SchemaRegistry | None = None) -> None:
+                 registry: SchemaRegistry | None = None, keyring: Keyring | None = None) -> None:
+        """Memory events come back in the clear (`keyring`, or one made when the first sealed
+        one is read); one whose key is shredded comes back with error `key-shredded`."""
+        self.settings, self.bootstrap = settings, bootstrap
+        self.keyring, self._own_keyring = keyring, False
         self.registry = registry or default_registry()
         self.topics = topics
         self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
@@ -65,6 +79,8 @@ class TopicReader:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._c.stop()
+        if self._own_keyring and self.keyring is not None:
+            await self.keyring.stop()
 
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
         batch = await self._c.getmany(timeout_ms=timeout_ms, max_records=5000)
@@ -72,14 +88,25 @@ class TopicReader:
         for tp, msgs in batch.items():
             for m in msgs:
                 try:
-                    _, val = self.registry.decode(m.value)
-                    rec = Record(tp.topic, tp.partition, m.offset, m.timestamp, m.key, val)
+                    name, val = self.registry.decode(m.value)
+                    if self.settings.seal and _sealed(val):
+                        val = await self.keys().open_value(name, val)
+                    rec = Record(tp.topic, tp.partition, m.offset, m.timestamp, m.key, val,
+                                 None if val is not None else "key-shredded")
                 except DecodeError as exc:
                     rec = Record(tp.topic, tp.partition, m.offset, m.timestamp, m.key, None,
                                  exc.reason)
                 new.append(rec)
         self.records.extend(new)
         return new
+
+    def keys(self) -> Keyring:
+        """This reader's keyring (made on first use)."""
+        if self.keyring is None:
+            from mnemoflow.streams.keyring import Keyring
+
+            self.keyring, self._own_keyring = Keyring(self.settings, self.bootstrap), True
+        return self.keyring
 
     async def drain(self) -> list[Record]:
         """Everything up to the end offsets as of now."""

@@ -65,7 +65,8 @@ async def append_to_log(settings: Settings, bootstrap: str, events: list[dict[st
         return 0
     async with AvroProducer(settings, bootstrap) as producer:
         encoded = [(settings.topic(memory_topic(ev)), ev["owner"].encode(),
-                    producer.registry.encode(SCHEMA, ev)) for ev in events]
+                    producer.registry.encode(SCHEMA, await producer.sealed(SCHEMA, ev)))
+                   for ev in events]
         for topic, key, value in encoded:
             await producer.send_raw(topic, key, value)
     return len(events)

@@ -21,12 +21,14 @@ class TopicSpec:
     retention_ms: int = WEEK_MS
     partitions: int | None = None  # None: the configured default
     doc: str = ""
+    extra: tuple[tuple[str, str], ...] = ()  # more topic configs
 
     def name(self, settings: Settings) -> str:
         return settings.topic(self.base)
 
     def configs(self) -> dict[str, str]:
-        return {"cleanup.policy": self.cleanup, "retention.ms": str(self.retention_ms)}
+        return {"cleanup.policy": self.cleanup, "retention.ms": str(self.retention_ms),
+                **dict(self.extra)}
 
 
 SESSION_EVENTS = TopicSpec("session-events", "io.mnemoflow.SessionEvent", "sessionId",
@@ -61,13 +63,24 @@ MEMORY_VECTORS = TopicSpec("memory-vectors", "io.mnemoflow.MemoryVector",
                            cleanup="compact", retention_ms=FOREVER,
                            doc="embeddings, written once by the partition's owner; derived, "
                                "deletable")
+MEMORY_KEYS = TopicSpec("memory-keys", "io.mnemoflow.OwnerKey",
+                        "epoch:proposalId:owner (a key) or epoch:forgotten:owner",
+                        cleanup="compact", retention_ms=FOREVER, partitions=1,
+                        # a shredded key's bytes leave the broker's disks at the next clean:
+                        # segments roll hourly and any dirt makes a log cleanable
+                        extra=(("segment.ms", str(3600 * 1000)),
+                               ("min.cleanable.dirty.ratio", "0.01"),
+                               ("delete.retention.ms", str(24 * 3600 * 1000))),
+                        doc="per-owner data keys that seal memory text, wrapped by the "
+                            "key-encryption key; a tombstone shreds a key (forget a user)")
 DEAD_LETTER = TopicSpec("dead-letter", "io.mnemoflow.DeadLetter", "source key (raw)",
                         retention_ms=30 * 24 * 3600 * 1000,
                         doc="undecodable or invalid records, with reason and original bytes")
 
 CATALOGUE: tuple[TopicSpec, ...] = (
     SESSION_EVENTS, TOOL_RESULTS, AGENT_STEPS, SEGMENTS, RECALL_REQUESTS,
-    INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, MEMORY_SHARED, MEMORY_VECTORS, DEAD_LETTER,
+    INBOX, INBOX_CHECKPOINTS, AUDIT, MEMORY_LOG, MEMORY_SHARED, MEMORY_VECTORS, MEMORY_KEYS,
+    DEAD_LETTER,
 )
 # topics whose partition N holds the same keys: a user's requests, memories and vectors
 CO_PARTITIONED = (RECALL_REQUESTS, MEMORY_LOG, MEMORY_VECTORS)

@@ -33,6 +33,7 @@ from mnemoflow.streams import topics as T
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.faust_app import WorkerApp
 from mnemoflow.streams.faust_runner import FaustRunner
+from mnemoflow.streams.keyring import Keyring
 from mnemoflow.streams.lifecycle import (
     EXIT_FATAL,
     EXIT_PREFLIGHT,
@@ -136,15 +137,18 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     topics = {spec.base: spec.name(settings)
               for spec in (T.MEMORY_LOG, T.MEMORY_SHARED, T.MEMORY_VECTORS)}
     metrics = WorkerMetrics(CollectorRegistry())  # this worker's own: no process-global registry
+    keyring = Keyring(settings, bootstrap, registry) if settings.seal else None
     projector = MemoryProjector(bootstrap, topics, memory, registry, settings.client_kwargs(),
                                 folder=folder, build=checkpoint_build(memory, tuning),
                                 group=f"{settings.app_id}-projector", vector_meta=meta,
-                                metrics=metrics)
+                                metrics=metrics, keyring=keyring)
     ports = Ports(tuning, settings.max_payload_bytes, _now_ms, tiers=memory.tiers,
                   index_version=lambda: memory.version, stores=memory.stores,
-                  link_proposals=memory.link_proposals, rules=load_rules())
+                  link_proposals=memory.link_proposals, rules=load_rules(),
+                  seal_packet=keyring.seal_packet if keyring is not None else None)
     runner = FaustRunner(settings, faust_app(settings, bootstrap), registry, memory, projector,
-                         ports, crashes=CrashLimit(settings.agent_max_retries), metrics=metrics)
+                         ports, crashes=CrashLimit(settings.agent_max_retries), metrics=metrics,
+                         keyring=keyring)
     runner.wire()
     return runner
 

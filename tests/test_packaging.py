@@ -23,7 +23,7 @@ def test_wheel_ships_the_schemas_and_no_bare_top_level_packages(tmp_path) -> Non
     avsc = {Path(n).name for n in names if n.endswith(".avsc")}
     shipped = {p.name for p in (ROOT / "schemas").rglob("*.avsc")}
     assert avsc == shipped
-    assert len(avsc) == 17
+    assert len(avsc) == 21
     assert "mnemoflow/agents/tuning.json" in names
     pages = {Path(n).name for n in names if n.startswith("mnemoflow/streams/console_templates/")}
     assert pages == {p.name for p in (ROOT / "streams" / "console_templates").glob("*.html")}

@@ -71,6 +71,11 @@ async def worker(kafka_bootstrap, tmp_path_factory):
         yield w
 
 
+def _env(s) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The deployment's key-encryption key, with which the host opens packet items (§13)."""
+    return {**os.environ, "MNEMOFLOW_KEK_FILE": str(s.kek_path)}
+
+
 def _parse(out: bytes) -> list[dict]:
     return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
 
@@ -93,7 +98,7 @@ async def java_run(java_host, worker) -> dict:
     s, bs = worker.settings, worker.bootstrap
     tag = uuid.uuid4().hex[:10]
     proc = await asyncio.create_subprocess_exec(
-        *java_host, bs, s.topic_prefix, tag, "scenario",
+        *java_host, bs, s.topic_prefix, tag, "scenario", env=_env(s),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
     lines = _parse(out)
@@ -228,7 +233,7 @@ async def test_java_host_loses_a_claim_race_to_the_python_sdk(java_host, java_ru
     pid, now = inject["packetId"], t_c + 2_000
 
     proc = await asyncio.create_subprocess_exec(
-        *java_host, bs, s.topic_prefix, tag, "claim-after", c, str(now),
+        *java_host, bs, s.topic_prefix, tag, "claim-after", c, str(now), env=_env(s),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     stderr = asyncio.ensure_future(proc.stderr.read())
     prod = AvroProducer(s, bs)

@@ -39,7 +39,7 @@ CLAIM = claim_op(stable_id("op", "claim", CLAIMER, "example"), "sess-42", [PACKE
                  1767225605000, CLAIMER)
 # every schema a host writes or reads: Appendix B gives the canonical form of each
 HOST_SCHEMAS = ("SessionEvent", "ToolResult", "AgentStep", "InboxOp", "InboxCheckpoint",
-                "AuditRecord", "MemoryEvent", "DeadLetter")
+                "AuditRecord", "MemoryEvent", "DeadLetter", "OwnerKey")
 # every reason the code can dead-letter with (codec, observer, faust runner)
 DEAD_LETTER_REASONS = ("bad-magic", "unknown-fingerprint", "wrong-type", "undecodable",
                        "schema-version", "oversized", "invalid", "processing-error")

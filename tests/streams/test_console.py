@@ -304,3 +304,26 @@ async def test_the_refresh_loop_stops_even_when_a_cancellation_is_lost() -> None
     calls = source.calls
     await asyncio.sleep(0.1)
     assert task.done() and source.calls == calls == 1
+
+
+def test_forgetting_a_user_asks_for_the_id_typed_again(source: HeldSource) -> None:
+    with _client(source) as c:
+        page = c.get("/users/user-1").text
+        assert "Forget this user" in page and FACT in page
+        csrf = _csrf(page)
+        for data in ({"reason": "erasure"}, {"reason": "erasure", "confirm": "user-2"},
+                     {"confirm": "user-1"}):
+            assert c.post("/users/user-1/forget", data={"csrf": csrf, **data}).status_code == 409
+        assert c.post("/users/user-1/forget", data={"reason": "x", "confirm": "user-1"}
+                      ).status_code == 403  # no form secret
+        assert source.appended == []
+        done = c.post("/users/user-1/forget", data={"csrf": csrf, "reason": "erasure request",
+                                                    "confirm": "user-1"})
+        assert "user-1 forgotten by ops: erasure request" in done.text
+        memories = done.text.split('id="memories"', 1)[1].split("</table>", 1)[0]
+        assert FACT not in memories
+        assert c.get("/users/user-2").status_code == 200  # another user is untouched
+    assert [(e["op"], e["scope"], e["owner"]) for e in source.appended] == [
+        ("owner_forgotten", "User", "user-1"), ("owner_forgotten", "Workspace", "user-1")]
+    assert all(e["source"] == "operator" and e["attributes"]["reason"] == "erasure request"
+               and e["attributes"]["actor"] == "ops" for e in source.appended)

@@ -124,8 +124,10 @@ async def test_nothing_is_served_without_a_known_token(gw: Gw) -> None:
                 r = await c.request(method, path, headers=headers, json=body)
                 assert r.status_code == 401, (path, headers, r.text)
         assert (await c.get("/healthz")).json()["ok"] is True  # no token needed
-        r = await c.delete("/v1/users/alice", headers=A)
-        assert r.status_code == 501 and "not implemented" in r.json()["detail"]
+        assert (await c.delete("/v1/users/alice", headers=A)).status_code == 422  # no reason
+        r = await c.delete("/v1/users/alice", headers=A, params={"reason": "asked to"})
+        assert r.status_code == 200 and r.json()["userId"] == "alice", r.text
+        assert r.json()["keysShredded"] == 0  # alice of this tenant never had a memory
         # no id spells another tenant's: the separator is refused (in a path it is no route)
         for bad in ({"userId": "bravo/alice"}, {"workspaceId": "bravo/w"}, {"agentId": "b/a"}):
             r = await c.post("/v1/sessions/s1/events", headers=A, json={**event, **bad})

@@ -59,7 +59,8 @@ async def test_a_worker_without_its_topics_says_so_in_one_line(kafka_bootstrap, 
     assert _wait_exit(w, 60) == 2
     out = w.log_tail().strip().splitlines()
     assert len(out) == 1, out
-    assert out[0].startswith("error: 12 topic(s) missing") and "mnemoflow topics create" in out[0]
+    assert out[0].startswith(f"error: {len(T.CATALOGUE)} topic(s) missing") \
+        and "mnemoflow topics create" in out[0]
 
 
 async def test_changelog_topics_exist_with_their_partitions_before_faust_starts(

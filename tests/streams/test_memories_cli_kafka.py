@@ -54,13 +54,13 @@ async def tell(host: HostClient, inbox: InboxClient, watcher: DecisionWatcher, s
 
 
 async def ask(host: HostClient, inbox: InboxClient, watcher: DecisionWatcher, sid: str,
-               t: int) -> list[dict]:
-    """A question in a new session of user-a; the items of the packets it claims."""
-    ses = host.session(sid, "user-a")
+              t: int, user: str = "user-a", question: str = QUESTION) -> list[dict]:
+    """A question in a new session of `user`; the items of the packets it claims."""
+    ses = host.session(sid, user)
     step = StepAssembler(ses, inbox, MANIFEST, decisions=watcher)
     await ses.lifecycle("start", t, MANIFEST)
-    await ses.user_message(QUESTION, t + 1000)
-    result = await step.step_boundary(t + 1001, user_message=QUESTION, wait=60)
+    await ses.user_message(question, t + 1000)
+    result = await step.step_boundary(t + 1001, user_message=question, wait=60)
     assert result.decision is not None and result.decision.outcome != TIMEOUT, \
         describe(result.decision)
     return [i for p in result.claim.packets for i in p["items"]]

@@ -21,6 +21,7 @@ from mnemoflow.projections.partitioned import PartitionedMemory, build_partition
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams import topics as T
+from mnemoflow.streams.keyring import Keyring
 from mnemoflow.streams.producer import AvroProducer
 from mnemoflow.streams.projector import MemoryProjector
 from mnemoflow.streams.reader import TopicReader
@@ -90,7 +91,9 @@ def memory(emb: Any = None, sink: HeldSink | None = None) -> PartitionedMemory:
 async def projecting(s: Any, bootstrap: str, mem: PartitionedMemory, parts: set[int],
                      **kw: Any) -> AsyncIterator[MemoryProjector]:
     topics = {spec.base: spec.name(s) for spec in (T.MEMORY_LOG, T.MEMORY_SHARED, T.MEMORY_VECTORS)}
-    proj = MemoryProjector(bootstrap, topics, mem, default_registry(), s.client_kwargs(), **kw)
+    keyring = Keyring(s, bootstrap)  # what `write` seals, the projector opens
+    proj = MemoryProjector(bootstrap, topics, mem, default_registry(), s.client_kwargs(),
+                           keyring=keyring, **kw)
     proj.assign(parts)
     await mem.start()
     run = asyncio.create_task(proj.run())
@@ -99,6 +102,7 @@ async def projecting(s: Any, bootstrap: str, mem: PartitionedMemory, parts: set[
     finally:
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
+        await keyring.stop()
 
 
 async def write(s: Any, bootstrap: str, events: list[dict[str, Any]]) -> None:

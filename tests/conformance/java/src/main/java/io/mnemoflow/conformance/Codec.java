@@ -37,13 +37,14 @@ final class Codec {
     static final String INBOX_OP = "io.mnemoflow.InboxOp";
     static final String AUDIT_RECORD = "io.mnemoflow.AuditRecord";
     static final String DEAD_LETTER = "io.mnemoflow.DeadLetter";
+    static final String OWNER_KEY = "io.mnemoflow.OwnerKey";
 
     static final Map<String, Known> BY_NAME = new LinkedHashMap<>();
     static final Map<Long, Known> BY_FINGERPRINT = new LinkedHashMap<>();
 
     static {
         for (String n : new String[] {"SessionEvent", "ToolResult", "AgentStep", "InboxOp", "AuditRecord",
-                "DeadLetter"}) {
+                "DeadLetter", "OwnerKey"}) {
             String pcf = resource("/pcf/" + n + ".json").strip();
             Schema schema = new Schema.Parser().parse(pcf);
             long fp = Protocol.crc64Avro(pcf.getBytes(StandardCharsets.UTF_8));

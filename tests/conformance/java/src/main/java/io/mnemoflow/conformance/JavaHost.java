@@ -71,6 +71,7 @@ public final class JavaHost implements AutoCloseable {
     private final KafkaProducer<String, byte[]> producer;
     private final Map<String, Integer> partitions = new HashMap<>();
     private final Map<Integer, InboxPartition> inboxes = new HashMap<>();
+    private final Sealing sealing; // §13; null without MNEMOFLOW_KEK_FILE
 
     // ------------------------------------------------------------------ entry point
 
@@ -128,6 +129,9 @@ public final class JavaHost implements AutoCloseable {
             counts.put(n, partitions.get(n));
         }
         emit("event", "topics", "partitions", counts);
+        String kek = System.getenv("MNEMOFLOW_KEK_FILE");
+        sealing = kek == null || kek.isBlank() ? null
+                : new Sealing(bootstrap, topic("memory-keys"), java.nio.file.Path.of(kek));
         // §2 producer settings
         Properties pp = new Properties();
         pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -150,6 +154,9 @@ public final class JavaHost implements AutoCloseable {
         }
         producer.close(Duration.ofSeconds(10));
         admin.close(Duration.ofSeconds(5));
+        if (sealing != null) {
+            sealing.close();
+        }
     }
 
     String topic(String base) {
@@ -695,12 +702,12 @@ public final class JavaHost implements AutoCloseable {
     /** The packet a claim took; the fold removed it from pending, so keep them by id here. */
     private final Map<String, GenericRecord> packets = new HashMap<>();
 
-    private GenericRecord wonPacket(String id, String opId) {
+    private GenericRecord wonPacket(String id, String opId) throws Exception {
         GenericRecord p = packets.get(id);
         if (p == null) {
             throw new IllegalStateException("won " + id + " by " + opId + " but never saw its packet");
         }
-        return p;
+        return sealing != null ? sealing.openPacket(p) : p; // §13: items in the clear
     }
 
     private static GenericData.Record inboxOp(String opId, String kind, String sessionId, long now, List<String> ids,
@@ -821,9 +828,10 @@ public final class JavaHost implements AutoCloseable {
         fps.put(Codec.SESSION_EVENT, 0xb5ea9f7e72c0ec1eL);
         fps.put(Codec.TOOL_RESULT, 0x2566eb521203e8a7L);
         fps.put(Codec.AGENT_STEP, 0xbc6e5136ce6211a9L);
-        fps.put(Codec.INBOX_OP, 0xf24f2250f96cf41dL);
+        fps.put(Codec.INBOX_OP, 0x6fdde9c95f53e90aL);
         fps.put(Codec.AUDIT_RECORD, 0x17daf7cf63b9a107L);
         fps.put(Codec.DEAD_LETTER, 0x729a155f283e2589L);
+        fps.put(Codec.OWNER_KEY, 0x2d0401f68141a2d6L);
         for (Map.Entry<String, Long> e : fps.entrySet()) {
             Codec.Known k = Codec.known(e.getKey());
             check(failed, "fingerprint " + e.getKey(), k.fingerprint() == e.getValue()
@@ -847,7 +855,7 @@ public final class JavaHost implements AutoCloseable {
         // §12.2 the claim, byte for byte
         GenericData.Record claim = inboxOp("op:f8fc440bbdb2469e85395c2c", "claim", "sess-42",
                 1767225605000L, List.of("pkt:50d858e0985ecc7f60418aaf"), "host-java-1", null);
-        String claimHex = "c3011df46cf950224ff2366f703a663866633434306262646232343639653835333935633263040e7365"
+        String claimHex = "c3010ae9535fc9e9dd6f366f703a663866633434306262646232343639653835333935633263040e7365"
                 + "73732d343290eed5edee66000238706b743a353064383538653039383565636337663630343138616166000216"
                 + "686f73742d6a6176612d310000";
         checkBytes(failed, "12.2 claim", claim, claimHex);
