@@ -391,7 +391,8 @@ class Gateway:
         from mnemoflow.streams.forget import forget_owner
 
         done = await forget_owner(self.settings, self.bootstrap, TN.scoped(tenant, user, "owner"),
-                                  reason, f"gateway:{tenant}", wall_ms(), host=self.k.host)
+                                  reason, f"gateway:{tenant}", wall_ms(), host=self.k.host,
+                                  keyring=self.k.host.producer.keys())
         return UserForgotten(userId=user, eventIds=[e["eventId"] for e in done.events],
                              keysShredded=len(done.shredded))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from mnemoflow.agents import sealing
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
@@ -27,6 +28,7 @@ from mnemoflow.streams.reader import topic_partitions
 
 log = logging.getLogger("mnemoflow.keyring")
 SCHEMA = "io.mnemoflow.OwnerKey"
+FRESH_S = 1.0  # how old the fold may be when a record is sealed or opened
 MEMORY_EVENT = "io.mnemoflow.MemoryEvent"
 INBOX_OP = "io.mnemoflow.InboxOp"
 
@@ -72,6 +74,7 @@ class Keyring:
         self._proposing = asyncio.Lock()
         self._unwrapped: dict[str, bytes] = {}
         self._started = asyncio.Lock()
+        self._read_at = 0.0  # monotonic time of the last read to the end
 
     async def start(self) -> Keyring:
         async with self._started:
@@ -109,11 +112,13 @@ class Keyring:
             await self.start()
             return
         async with self._reading:
+            asked = time.monotonic()
             end = (await c.end_offsets([self.tp]))[self.tp]
             while await c.position(self.tp) < end:
                 batch = await c.getmany(self.tp, timeout_ms=200, max_records=5000)
                 for m in batch.get(self.tp, []):
                     self._apply(m.offset, m.key, m.value)
+            self._read_at = asked
 
     def _apply(self, offset: int, key: bytes | None, raw: bytes | None) -> None:
         if key is None:
@@ -156,6 +161,7 @@ class Keyring:
         return self._unwrapped[key_id]
 
     async def _current(self, owner: str) -> tuple[str, bytes]:
+        await self._fresh(False)  # a forget ends the epoch: never seal with a shredded key
         cur = self.keys.current(owner)
         if cur is None:
             async with self._proposing:
@@ -193,8 +199,9 @@ class Keyring:
             self.keys.shredded
 
     def open_known(self, ev: dict[str, Any]) -> dict[str, Any] | None:
-        """The event in the clear, or None when its key is shredded (or was never written);
-        call `catch_up` first when `needs_catch_up`."""
+        """The event in the clear, or None when its key is shredded (or was never written) or
+        it does not open with its key (damaged: logged); call `catch_up` first when
+        `needs_catch_up`. A key of another KEK raises: that is a misconfiguration."""
         s = ev.get("sealed")
         if not s:
             return ev
@@ -202,18 +209,43 @@ class Keyring:
         if key is None:
             self.shredded_reads += 1
             return None
-        return sealing.open_sealed(ev, key)
+        try:
+            return sealing.open_sealed(ev, key)
+        except sealing.SealError as exc:
+            log.warning("memory event %s skipped: %s", ev.get("eventId"), exc)
+            return None
+
+    async def _fresh(self, unknown: bool) -> None:
+        """Read the topic on when a key is not known yet, or when it was last read more than
+        FRESH_S ago: a long-running reader sees a forget within about that. With the broker
+        away, a read for freshness is given up (the next call tries again), and a read for an
+        unknown key is tried again until it succeeds, as a consumer waits for its fetch."""
+        if self._consumer is not None and not unknown and \
+                time.monotonic() - self._read_at <= FRESH_S:
+            return
+        wait = 0.5
+        while True:
+            try:
+                await self.catch_up()
+                return
+            except KafkaError as exc:
+                if not unknown and self._consumer is not None:
+                    log.warning("memory-keys not read (%r): using the keys read %.0f s ago",
+                                exc, time.monotonic() - self._read_at)
+                    return
+                log.warning("memory-keys not read (%r); trying again in %.1f s", exc, wait)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 5.0)
 
     async def open(self, ev: dict[str, Any]) -> dict[str, Any] | None:
-        if ev.get("sealed") and (self._consumer is None or self.needs_catch_up(ev)):
-            await self.catch_up()
+        if ev.get("sealed"):
+            await self._fresh(self.needs_catch_up(ev))
         return self.open_known(ev)
 
     async def open_all(self, events: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
         """Each event opened, with at most one read of the topic for the lot."""
-        if any(ev.get("sealed") for ev in events) and (
-                self._consumer is None or any(self.needs_catch_up(ev) for ev in events)):
-            await self.catch_up()
+        if any(ev.get("sealed") for ev in events):
+            await self._fresh(any(self.needs_catch_up(ev) for ev in events))
         return [self.open_known(ev) for ev in events]
 
     async def seal_packet(self, packet: dict[str, Any]) -> dict[str, Any]:
@@ -235,19 +267,20 @@ class Keyring:
         sealed = [i.get("sealed") for i in packet["items"]]
         if not any(sealed):
             return packet
-        if self._consumer is None or any(
-                s and s["keyId"] not in self.keys.keys and s["keyId"] not in self.keys.shredded
-                for s in sealed):
-            await self.catch_up()
+        await self._fresh(any(s and s["keyId"] not in self.keys.keys
+                              and s["keyId"] not in self.keys.shredded for s in sealed))
         items = []
         for item in packet["items"]:
             s = item.get("sealed")
             if not s:
                 items.append(item)
-            elif (key := self._data_key(s["keyId"])) is not None:
-                items.append(sealing.open_item(item, key))
-            else:
+            elif (key := self._data_key(s["keyId"])) is None:
                 self.shredded_reads += 1
+            else:
+                try:
+                    items.append(sealing.open_item(item, key))
+                except sealing.SealError as exc:
+                    log.warning("packet item %s left out: %s", item.get("memoryId"), exc)
         return {**packet, "items": items}
 
     async def open_value(self, schema: str, value: dict[str, Any]) -> dict[str, Any] | None:

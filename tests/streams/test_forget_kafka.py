@@ -3,10 +3,12 @@
 A user's memory holds a unique secret. Before the forget, the scan below finds it where it
 should be (MEMORY.md, the LanceDB files, the audit store) and nowhere on the broker: the
 memory-log holds it sealed. After `mnemoflow memories forget`, a worker restart (which folds
-the memory-log again), `mnemoflow rebuild --from memory-log` and an audit-store sync, every
+the memory-log again), `mnemoflow rebuild --from memory-log`, `mnemoflow replay
+--to-earliest` and an audit-store sync, every
 byte of every topic of the app and every file under MNEMOFLOW_HOME is scanned for the secret,
-in the clear and as its common digests and encodings: nothing. The user's recall gives no
-packet that holds it, and another user's memory is untouched.
+in the clear and as its common digests and encodings: nothing. A replay from the start runs
+the first question's recall again without it; the user's next recall gives no packet that
+holds it, and another user's memory is untouched.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mnemoflow.streams.inbox import InboxClient
 from mnemoflow.streams.reader import topic_partitions
 
 from factories import T0
-from support import isolated_settings, ready_worker, run_cli, worker_env
+from support import broker_audits, collect, isolated_settings, ready_worker, run_cli, worker_env
 
 pytestmark = pytest.mark.kafka
 DAY = 86_400_000
@@ -106,10 +108,11 @@ async def _until(check, timeout: float = 60.0) -> None:  # type: ignore[no-untyp
         await asyncio.sleep(0.5)
 
 
-def _rebuild(s: Settings, bootstrap: str) -> str:
-    res = subprocess.run([sys.executable, "-m", "mnemoflow.streams.cli", "rebuild", "--from",
-                          "memory-log"], env=worker_env(s, bootstrap), capture_output=True,
-                         text=True, timeout=300)
+def _cli_run(s: Settings, bootstrap: str, *args: str) -> str:
+    """`mnemoflow <args>` in a child process, as an operator runs it."""
+    res = subprocess.run([sys.executable, "-m", "mnemoflow.streams.cli", *args],
+                         env=worker_env(s, bootstrap), capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -165,13 +168,18 @@ async def test_a_forgotten_user_leaves_no_byte_of_their_memory_anywhere(
         await _until(left)
         assert secret not in await listed("user-a")
 
-    _rebuild(s, kafka_bootstrap)
+    _cli_run(s, kafka_bootstrap, "rebuild", "--from", "memory-log")
+    # a replay from the start: the first question's recall is run again, from the log as it is
+    _cli_run(s, kafka_bootstrap, "replay", "--to-earliest")
     async with ready_worker(s, kafka_bootstrap), HostClient(s, kafka_bootstrap) as host, \
             DecisionWatcher(s, kafka_bootstrap) as watcher:
         inbox = InboxClient(s, kafka_bootstrap, host.producer)
         await inbox.start()
         try:
-            question = "What is my vault phrase? I forgot it."
+            replayed = await collect(s, kafka_bootstrap, ["audit"], lambda r: sum(
+                a["sessionId"] == "ask-1" for a in broker_audits(r)) >= 2, 90)
+            again = [a for a in broker_audits(replayed) if a["sessionId"] == "ask-1"][-1]
+            assert again["action"] != "inject", again  # nothing of user-a is recalled now
             items = await ask(host, inbox, watcher, "ask-2", T0 + DAY, "user-a", question)
             assert all(secret not in i["text"] for i in items), items
             # the other user's memory is still recalled: the question is one recall answers
@@ -191,3 +199,35 @@ async def test_a_forgotten_user_leaves_no_byte_of_their_memory_anywhere(
     assert found(files, clear) == [] and set(found(files, needles)) <= kept_files(s)
     assert found(await topic_bytes(s, kafka_bootstrap), clear) == []
     assert set(found(await topic_bytes(s, kafka_bootstrap), needles)) <= digests_kept(s)
+
+
+async def test_a_running_reader_stops_opening_a_forgotten_owners_records(
+        kafka_bootstrap, tmp_path) -> None:
+    """Two processes' keyrings: a proposal race settles on one key, and the one that did not
+    shred sees the shredding within about a second without being told."""
+    from mnemoflow.agents.memory_events import memory_event
+    from mnemoflow.agents.sealing import FORGET_OP
+    from mnemoflow.streams.keyring import FRESH_S, Keyring
+
+    from support import prepare_topics
+
+    s = isolated_settings(tmp_path, "keyring")
+    await prepare_topics(s, kafka_bootstrap)
+    a, b = Keyring(s, kafka_bootstrap), Keyring(s, kafka_bootstrap)
+    try:
+        ev = memory_event(event_id="e1", op="fact_upserted", memory_id="m1", kind="fact",
+                          scope="User", owner="u1", event_time=T0, text="my pin is 4711")
+        one, two = await asyncio.gather(a.seal(ev), b.seal({**ev, "eventId": "e2"}))
+        assert one["sealed"]["keyId"] == two["sealed"]["keyId"]  # the first proposal won
+        assert len(a.keys.of_owner("u1")) in (1, 2) and "4711" not in str(one)
+        assert (await b.open(one))["text"] == "my pin is 4711"
+        forget = {**ev, "eventId": "f1", "op": FORGET_OP}
+        assert await a.seal(forget) is forget  # a forget is never sealed
+        assert await a.shred("u1") and await a.open(one) is None
+        await asyncio.sleep(FRESH_S + 0.2)
+        assert await b.open(two) is None  # b read the tombstones on its own
+        again = await b.seal({**ev, "eventId": "e3"})  # u1 comes back: a key of epoch 1
+        assert again["sealed"]["keyId"].startswith("1:") and (await a.open(again))["text"]
+    finally:
+        await a.stop()
+        await b.stop()
