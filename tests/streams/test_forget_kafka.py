@@ -4,7 +4,7 @@ A user's memory holds a unique secret. Before the forget, the scan below finds i
 should be (MEMORY.md, the LanceDB files, the audit store) and nowhere on the broker: the
 memory-log holds it sealed. After `mnemoflow memories forget`, a worker restart (which folds
 the memory-log again), `mnemoflow rebuild --from memory-log`, `mnemoflow replay
---to-earliest` and an audit-store sync, every
+--to-earliest`, an audit-store sync and the console's pages, every
 byte of every topic of the app and every file under MNEMOFLOW_HOME is scanned for the secret,
 in the clear and as its common digests and encodings: nothing. A replay from the start runs
 the first question's recall again without it; the user's next recall gives no packet that
@@ -22,13 +22,16 @@ import time
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
 from test_memories_cli_kafka import ask
 
+from mnemoflow.projections.audit_store import AuditStore
 from mnemoflow.streams import memories_cli
 from mnemoflow.streams.audit_sync import open_store, sync
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.console import KafkaSource, create_app
 from mnemoflow.streams.decisions import DecisionWatcher
 from mnemoflow.streams.host import HostClient
 from mnemoflow.streams.inbox import InboxClient
@@ -49,8 +52,8 @@ def digests_kept(s: Settings) -> set[str]:
 
 
 def kept_files(s: Settings) -> set[str]:
-    """The audit store, which folds the audit topic."""
-    return {f"audit/{s.app_id}.duckdb"}
+    """The audit stores, which fold the audit topic."""
+    return {f"audit/{s.app_id}.duckdb", "console.duckdb"}
 
 
 def forms(secret: str, text: str) -> list[bytes]:
@@ -194,6 +197,20 @@ async def test_a_forgotten_user_leaves_no_byte_of_their_memory_anywhere(
             await sync(store, s, kafka_bootstrap)
         finally:
             store.close()
+        # the console, on its own store folded from the topics: the user's pages hold none
+        console = KafkaSource(s, kafka_bootstrap, AuditStore(s.home / "console.duckdb"))
+        await console.start()
+        try:
+            app = create_app(console, refresh_s=0)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://127.0.0.1") as c:
+                for path in ("/users/user-a", "/sessions/ask-1", "/find?q=user-a"):
+                    r = await c.get(path, follow_redirects=True)
+                    assert r.status_code == 200 and secret not in r.text, path
+                assert kept in (await c.get("/users/user-b")).text
+        finally:
+            await console.stop()
+            console.store.close()
 
     files = file_bytes(s.home)
     assert found(files, clear) == [] and set(found(files, needles)) <= kept_files(s)
