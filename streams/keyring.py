@@ -88,8 +88,6 @@ class Keyring:
                 await topic_partitions(c, self.topic, attempts=100)
                 c.assign([self.tp])
                 await c.seek_to_beginning(self.tp)
-                self._producer = AvroProducer(self.settings, self.bootstrap, self.registry)
-                await self._producer.start()
             except BaseException:
                 await c.stop()
                 raise
@@ -104,6 +102,15 @@ class Keyring:
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
+
+    async def _writer(self) -> AvroProducer:
+        """The producer for proposals and forgets, started on first use: a process that only
+        opens records never needs one."""
+        if self._producer is None:
+            producer = AvroProducer(self.settings, self.bootstrap, self.registry)
+            await producer.start()
+            self._producer = producer
+        return self._producer
 
     async def catch_up(self) -> None:
         """Fold memory-keys up to its end as of now."""
@@ -175,11 +182,11 @@ class Keyring:
     async def _propose(self, owner: str) -> None:
         """Append a key for the owner's open epoch and read the topic back: of the proposals
         of that epoch, the first one on the topic is the key."""
-        assert self._producer is not None
+        producer = await self._writer()
         rk, value = sealing.key_proposal(self.kek, owner, self.keys.epoch(owner),
                                          uuid.uuid4().hex, os.urandom(sealing.KEY_LEN),
                                          os.urandom(sealing.NONCE_LEN), int(time.time() * 1000))
-        await self._producer.send(self.topic, SCHEMA, rk, value, partition=0)
+        await producer.send(self.topic, SCHEMA, rk, value, partition=0)
         await self.catch_up()
 
     # ------------------------------------------------------------------------ records
@@ -299,15 +306,15 @@ class Keyring:
         no longer be read, here or anywhere. Returns the shredded key ids."""
         if self._consumer is None:
             await self.start()
-        assert self._producer is not None
+        producer = await self._writer()
         async with self._proposing:
             await self.catch_up()
             rk, value = sealing.epoch_end(owner, self.keys.epoch(owner), self.kek,
                                           int(time.time() * 1000))
-            await self._producer.send(self.topic, SCHEMA, rk, value, partition=0)
+            await producer.send(self.topic, SCHEMA, rk, value, partition=0)
             await self.catch_up()  # a proposal made before the end is in the fold now
             gone = self.keys.of_owner(owner)
             for key_id in gone:
-                await self._producer.send_raw(self.topic, key_id.encode(), None, partition=0)
+                await producer.send_raw(self.topic, key_id.encode(), None, partition=0)
             await self.catch_up()
         return gone
