@@ -48,6 +48,7 @@ class RankTuning:
     item_floor: float = 0.0
     packet_floor: float = 0.0
     packet_min_overlap: int = 2
+    packet_min_coverage: float = 0.0  # share of the request's content words (0: off)
     budget_bytes: int = 2048
     max_items: int = 6
     audit_candidates: int = 25

@@ -186,6 +186,24 @@ def test_a_packet_of_weak_items_is_not_made() -> None:
     assert {r.outcome for r in rank(strong, q, [], "v", FLOORS).ordered} == {"kept"}
 
 
+def test_a_long_message_needs_a_share_of_its_words_not_three() -> None:
+    """A chatty message shares a few common words with almost any memory of its user; with
+    `packet_min_coverage` the words shared must also be that share of the message's own."""
+    q = request("I'm thinking of getting new hiking boots for the trip next month, could you "
+                "recommend good brands that are comfortable, waterproof and not too expensive?")
+    chatty = _vec(candidate("a", "I think you could recommend a good olive oil.", 2.0), 0.3)
+    on_topic = _vec(candidate("b", "My hiking boots are waterproof, comfortable, not expensive. "
+                                   "Good brands for the trip.", 1.0), 0.3)
+    loose = replace(FLOORS, packet_min_coverage=0.0)
+    tight = replace(FLOORS, packet_min_coverage=0.25)
+    assert [r.outcome for r in rank([chatty], q, [], "v", loose).ordered] == ["kept"]
+    assert [r.outcome for r in rank([chatty], q, [], "v", tight).ordered] == ["weak"]
+    assert {r.outcome for r in rank([chatty, on_topic], q, [], "v", tight).ordered} == {"kept"}
+    # a short question is judged as before: three shared words, or half of its own
+    short = request("Which brands of hiking boots did I like?")
+    assert [r.outcome for r in rank([on_topic], short, [], "v", tight).ordered] == ["kept"]
+
+
 def test_a_speaker_label_is_not_a_shared_word() -> None:
     """'Maya:' opens the request and every memory of hers: it says nothing about either."""
     q = request("Maya: what did we say about deploys?")
