@@ -4,8 +4,10 @@ with the same timeouts and names the same index version."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Collection
+import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,33 @@ from mnemoflow.projections.vector_tier import VectorSink, VectorTier
 
 LEXICAL_TIMEOUT_S = 2.0
 GRAPH_TIMEOUT_S = 1.0
+log = logging.getLogger(__name__)
+
+
+async def flush_sinks(sinks: Sequence[Any]) -> bool:
+    """Flush every sink; False if one failed (logged: the next flush retries it).
+
+    The sinks recall reads (vectors, graph) are flushed in their order, and the readable
+    copies (MEMORY.md) beside them, not before them: a copy's write (a file read, rendered
+    and fsynced per owner) must not hold up the vectors that recall's projected barrier waits
+    for (docs/decisions.md, "MEMORY.md beside the vectors")."""
+
+    async def each(group: list[Any]) -> bool:
+        ok = True
+        for sink in group:
+            try:
+                res = sink.flush()
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:
+                log.exception("projection %s failed; retrying with the next batch",
+                              type(sink).__name__)
+                ok = False
+        return ok
+
+    copies = [s for s in sinks if isinstance(s, MarkdownSink)]
+    read = [s for s in sinks if not isinstance(s, MarkdownSink)]
+    return all(await asyncio.gather(each(read), each(copies)))
 
 
 @dataclass

@@ -20,7 +20,6 @@ owners (the vector index above all), so the same input gives the same packets.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import shutil
@@ -36,7 +35,7 @@ from aiokafka.errors import KafkaError
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.sealing import FORGET_OP
 from mnemoflow.projections import snapshot
-from mnemoflow.projections.memory import Memory
+from mnemoflow.projections.memory import Memory, flush_sinks
 from mnemoflow.projections.partitioned import PartitionedMemory, partition_dir
 from mnemoflow.projections.snapshot import Checkpoint, FolderLock
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
@@ -412,18 +411,7 @@ class MemoryProjector:
         A failing projection (vector, Markdown) never stops recall: the lexical store is
         already current, and the next flush retries what was not written.
         """
-        ok = True
-        for mem in self.memory.memories():
-            for sink in mem.sinks:
-                try:
-                    res = sink.flush()
-                    if inspect.isawaitable(res):
-                        await res
-                except Exception:
-                    log.exception("projection %s failed; retrying with the next batch",
-                                  type(sink).__name__)
-                    ok = False
-        if not ok:
+        if not await flush_sinks([s for mem in self.memory.memories() for s in mem.sinks]):
             return None
         for tp, off in applied.items():
             if tp in self.projected:
