@@ -400,9 +400,11 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             cpu = PhaseCpu(proc.pid)
             n = args.questions
             out["retrieve_path_eps"] = await retrieve_burst(s, bootstrap, n)
+            out["retrieve_path_packets"] = await inbox_packets(s, bootstrap, "ask2-")
             out["retrieve_ratio"] = out["retrieve_path_eps"] / out["raw_passthrough_rps"]
             print(f"retrieve path: {out['retrieve_path_eps']:.0f} events/s = "
-                  f"{100 * out['retrieve_ratio']:.0f}% of raw passthrough")
+                  f"{100 * out['retrieve_ratio']:.0f}% of raw passthrough; "
+                  f"{out['retrieve_path_packets']} of {n} questions got a packet")
             out["retrieve_cpu_ms_per_event"] = cpu.per_event_ms(n)
             show_cpu("request", out["retrieve_cpu_ms_per_event"])
         out["worker_peak_rss_mib"] = peak_rss_mib(proc.pid)
@@ -422,6 +424,7 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             cpu = PhaseCpu(proc.pid)
             eps = await retrieve_burst(s, bootstrap, args.questions)
             mode = "held" if held else "lance"
+            out[f"retrieve_alone_{mode}_packets"] = await inbox_packets(s, bootstrap, "ask2-")
             out[f"retrieve_alone_{mode}_eps"] = eps
             out[f"retrieve_alone_{mode}_cpu_ms_per_event"] = cpu.per_event_ms(args.questions)
             out[f"retrieve_alone_{mode}_peak_rss_mib"] = peak_rss_mib(proc.pid)
@@ -462,16 +465,37 @@ async def seed_memories(s, bootstrap: str, host: HostClient, users: int) -> None
 
 async def retrieve_burst(s, bootstrap: str, n: int) -> float:
     """Events/s of n questions, one per seeded user, produced at once, until every one is
-    decided by the broker."""
+    decided by the broker. Each question's session is started first (not timed) with the
+    manifest a host sends, so the broker may deliver its packet to the inbox; a session
+    without one gets a shadow decision and no packet."""
+    when = T0 + 3 * 86_400_000
+    await burst(bootstrap, s.topic("session-events"), [
+        {**chat_event(f"ask2-{i}", 1, "", when, user=f"user-{i}"), "type": "lifecycle",
+         "text": None, "lifecycle": "start", "capability": MANIFEST.to_record()}
+        for i in range(n)])
+    await count_until(
+        bootstrap, s.topic("audit"),
+        lambda rr: sum(a["stage"] == "gate" and a["sessionId"].startswith("ask2-")
+                       for a in rr) >= n)
     t = time.monotonic()
     await burst(bootstrap, s.topic("session-events"), [
-        chat_event(f"ask2-{i}", 1, f"Where is the gym with locker zq{i:03d}x?",
-                   T0 + 3 * 86_400_000 + i, user=f"user-{i}") for i in range(n)])
+        chat_event(f"ask2-{i}", 2, f"Where is the gym with locker zq{i:03d}x?",
+                   when + 1000 + i, user=f"user-{i}") for i in range(n)])
     end = await count_until(
         bootstrap, s.topic("audit"),
         lambda rr: sum(a["stage"] == "broker" and a["sessionId"].startswith("ask2-")
                        for a in rr) >= n)
     return n / (end - t)
+
+
+async def inbox_packets(s, bootstrap: str, prefix: str) -> int:
+    """Packets injected into the inbox for the sessions whose id starts with `prefix`."""
+    from mnemoflow.streams.reader import TopicReader
+
+    async with TopicReader(s, bootstrap, [s.topic("inbox")]) as r:
+        await r.drain()
+        return sum(x.value is not None and x.value["op"] == "inject"
+                   and x.value["sessionId"].startswith(prefix) for x in r.records)
 
 
 def run_bench(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, object]],

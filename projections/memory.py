@@ -26,6 +26,10 @@ GRAPH_TIMEOUT_S = 1.0
 log = logging.getLogger(__name__)
 
 
+class ProjectionFailed(RuntimeError):
+    """A sink of the memory projection could not write what it was given."""
+
+
 async def flush_sinks(sinks: Sequence[Any]) -> bool:
     """Flush every sink; False if one failed (logged: the next flush retries it).
 
@@ -122,10 +126,10 @@ class Memory:
         return True
 
     async def flush(self) -> None:
-        for sink in self.sinks:
-            res = sink.flush()
-            if inspect.isawaitable(res):
-                await res
+        """Flush every sink; raise if one failed, after the others were flushed (a runner
+        without a next batch to retry with must not go on with a stale projection)."""
+        if not await flush_sinks(self.sinks):
+            raise ProjectionFailed("a memory sink failed to flush (logged above)")
 
 
 def build_memory(tuning: Tuning, *, embedder: AsyncEmbedder | None = None,

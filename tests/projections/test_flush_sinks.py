@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from mnemoflow.projections.markdown import MarkdownSink
-from mnemoflow.projections.memory import flush_sinks
+from mnemoflow.projections.memory import Memory, ProjectionFailed, flush_sinks
 from mnemoflow.projections.memory_store import MemoryStore
 
 
@@ -65,3 +67,15 @@ async def test_a_flush_of_sinks_that_all_work_is_true(tmp_path: Path) -> None:
     assert await flush_sinks([_Sink("vector", log), _Sink("graph", log)]) is True
     assert await flush_sinks([]) is True
     assert log == ["vector", "graph"]
+
+
+async def test_memory_flush_raises_after_flushing_the_other_sinks() -> None:
+    """`Memory.flush` (the in-memory runner's) has no next batch to retry a failed sink
+    with, so it raises; the sinks after the failing one were still flushed."""
+    log: list[str] = []
+    mem = Memory(MemoryStore(), [], sinks=[_Sink("vector", log, fail=True), _Sink("graph", log)])
+    with pytest.raises(ProjectionFailed):
+        await mem.flush()
+    assert log == ["vector", "graph"]
+    mem.sinks = [_Sink("vector", log)]
+    await mem.flush()
