@@ -397,8 +397,9 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             out["suppress_cpu_ms_per_event"] = cpu.per_event_ms(args.events)
             show_cpu("event", out["suppress_cpu_ms_per_event"])
 
-            cpu = PhaseCpu(proc.pid)
             n = args.questions
+            await start_question_sessions(s, bootstrap, n)
+            cpu = PhaseCpu(proc.pid)
             out["retrieve_path_eps"] = await retrieve_burst(s, bootstrap, n)
             out["retrieve_path_packets"] = await inbox_packets(s, bootstrap, "ask2-")
             out["retrieve_ratio"] = out["retrieve_path_eps"] / out["raw_passthrough_rps"]
@@ -421,6 +422,7 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
         try:
             async with HostClient(s, bootstrap) as host:
                 await seed_memories(s, bootstrap, host, args.questions)
+            await start_question_sessions(s, bootstrap, args.questions)
             cpu = PhaseCpu(proc.pid)
             eps = await retrieve_burst(s, bootstrap, args.questions)
             mode = "held" if held else "lance"
@@ -463,24 +465,30 @@ async def seed_memories(s, bootstrap: str, host: HostClient, users: int) -> None
                                     for a in r) >= 2 * users)
 
 
-async def retrieve_burst(s, bootstrap: str, n: int) -> float:
-    """Events/s of n questions, one per seeded user, produced at once, until every one is
-    decided by the broker. Each question's session is started first (not timed) with the
-    manifest a host sends, so the broker may deliver its packet to the inbox; a session
-    without one gets a shadow decision and no packet."""
-    when = T0 + 3 * 86_400_000
+ASKED_AT = T0 + 3 * 86_400_000
+
+
+async def start_question_sessions(s, bootstrap: str, n: int) -> None:
+    """Start the retrieve burst's n sessions with the manifest a host sends, so the broker
+    may deliver their packets to the inbox (a session without one gets a shadow decision and
+    no packet); waited for until the gate saw them."""
     await burst(bootstrap, s.topic("session-events"), [
-        {**chat_event(f"ask2-{i}", 1, "", when, user=f"user-{i}"), "type": "lifecycle",
+        {**chat_event(f"ask2-{i}", 1, "", ASKED_AT, user=f"user-{i}"), "type": "lifecycle",
          "text": None, "lifecycle": "start", "capability": MANIFEST.to_record()}
         for i in range(n)])
     await count_until(
         bootstrap, s.topic("audit"),
         lambda rr: sum(a["stage"] == "gate" and a["sessionId"].startswith("ask2-")
                        for a in rr) >= n)
+
+
+async def retrieve_burst(s, bootstrap: str, n: int) -> float:
+    """Events/s of n questions, one per seeded user, produced at once into the sessions
+    `start_question_sessions` started, until every one is decided by the broker."""
     t = time.monotonic()
     await burst(bootstrap, s.topic("session-events"), [
         chat_event(f"ask2-{i}", 2, f"Where is the gym with locker zq{i:03d}x?",
-                   when + 1000 + i, user=f"user-{i}") for i in range(n)])
+                   ASKED_AT + 1000 + i, user=f"user-{i}") for i in range(n)])
     end = await count_until(
         bootstrap, s.topic("audit"),
         lambda rr: sum(a["stage"] == "broker" and a["sessionId"].startswith("ask2-")
