@@ -124,6 +124,25 @@ class RandomEmbedder:
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
+def private_dirty_mib(pid: int) -> float:
+    """Pages a process wrote since it forked (copied, not shared with its parent)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    return sum(int(line.split()[1]) for line in text.splitlines()
+               if line.startswith("Private_Dirty:")) / 1024
+
+
+async def watch_loop(stalls: list[tuple[float, float]], every_s: float = 0.01) -> None:
+    """Append (when, how late) each short sleep woke up: the longest is the loop's worst
+    stall."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(every_s)
+        stalls.append((time.perf_counter(), time.perf_counter() - t - every_s))
+
+
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -270,10 +289,13 @@ async def project(bootstrap: str, prefix: str, folder: Path, parts: int, users: 
     proj.assign(range(parts))
     await memory.start()
     run = asyncio.create_task(proj.run())
+    stalls: list[tuple[float, float]] = []
+    watching = asyncio.create_task(watch_loop(stalls))
     try:
         ok = await asyncio.gather(*(proj.barrier(READY_TIMEOUT_S, request=request(u, "", 0))
                                     for u in first.values()))
-        ready_s = time.perf_counter() - t
+        ready_at = time.perf_counter()
+        ready_s = ready_at - t
         if not all(o == (True, "") for o in ok):
             raise RuntimeError(f"barrier: {ok}")
         cp_s = None
@@ -286,22 +308,46 @@ async def project(bootstrap: str, prefix: str, folder: Path, parts: int, users: 
             cp_s = time.perf_counter() - t
     finally:
         run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
+        watching.cancel()
+        await asyncio.gather(run, watching, return_exceptions=True)
     out: dict[str, Any] = {"ready_s": ready_s, "checkpointed_s": cp_s,
+                           "loop_stall_max_ms": 1000 * max((d for _, d in stalls), default=0.0),
+                           # after ready: the checkpoints (and the flushes before them)
+                           "loop_stall_max_ms_after_ready": 1000 * max(
+                               (d for at, d in stalls if at > ready_at), default=0.0),
                            "memories": len(memory), "applied": sum(
                                m.store.applied_count for m in memory.parts.values()),
                            "skipped": proj.skipped}
     del memory, proj
     if time_load:
-        load_s, size = 0.0, 0
+        load_s, size, pickle_s, fork_ms, write_s, copied = 0.0, 0, 0.0, 0.0, 0.0, 0.0
+        parent = 0.0
         for p in range(parts):
             t = time.perf_counter()
             cp = snapshot.load(folder / partition_dir(p), build)
             load_s += time.perf_counter() - t
             assert cp is not None
-            del cp
             size += (folder / partition_dir(p) / snapshot.FILE).stat().st_size
-        out.update(checkpoint_load_s=load_s, checkpoint_mib=size / 2**20)
+            # what a checkpoint held the loop for before it was forked (pickling on it), and
+            # what it holds it for now (the fork), on the same checkpoint
+            t = time.perf_counter()
+            data = snapshot.dumps(cp)
+            pickle_s += time.perf_counter() - t
+            del data
+            parent = max(parent, rss_mib())
+            t = time.perf_counter()
+            writer = snapshot.fork_write(folder / "forked", cp)
+            fork_ms += 1000 * (time.perf_counter() - t)
+            while writer.poll() is None:
+                copied = max(copied, private_dirty_mib(writer.pid))
+                await asyncio.sleep(0.05)
+            assert writer.done
+            write_s += time.perf_counter() - t
+            del cp
+        out.update(checkpoint_load_s=load_s, checkpoint_mib=size / 2**20,
+                   checkpoint_pickle_on_loop_s=pickle_s, checkpoint_fork_ms=fork_ms,
+                   checkpoint_forked_write_s=write_s, checkpoint_writer_copied_mib_max=copied,
+                   checkpoint_forking_rss_mib_max=parent)
     return out
 
 
@@ -466,6 +512,15 @@ def show_restart(r: dict[str, Any]) -> None:
           f"{b['checkpoint_load_s']:.2f}s, the rest (start, fold of the tail) "
           f"{b['ready_s'] - b['checkpoint_load_s']:.2f}s = "
           f"{(b['ready_s'] - b['checkpoint_load_s']) / r['raw_consume_tail_s']:.1f}x", flush=True)
+    print(f"    (c) writing the {b['checkpoint_mib']:.0f} MiB of checkpoints: "
+          f"pickling on the loop (as before) {b['checkpoint_pickle_on_loop_s']:.2f}s, forking "
+          f"the writers (the loop's share now) {b['checkpoint_fork_ms']:.0f} ms, the writers "
+          f"done in {b['checkpoint_forked_write_s']:.2f}s, copying up to "
+          f"{b['checkpoint_writer_copied_mib_max']:.0f} MiB each (the process forked at up to "
+          f"{b['checkpoint_forking_rss_mib_max']:.0f} MiB); the loop's worst stall in "
+          f"(a): {a['loop_stall_max_ms']:.0f} ms while folding, "
+          f"{a['loop_stall_max_ms_after_ready']:.0f} ms once ready (while it checkpointed)",
+          flush=True)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:

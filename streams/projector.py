@@ -45,9 +45,13 @@ from mnemoflow.streams.reader import topic_partitions
 
 OWNER_POLL_S = 0.01  # a per-owner barrier re-checks this often (flushes write in batches)
 # records folded into a partition between two checkpoints: at least this many, and at least
-# a quarter of what the partition holds, because a checkpoint stalls the loop for a time that
-# grows with the partition (pickling its store: about 10 s at 250k memories)
+# a quarter of what the partition holds, because a checkpoint's cost grows with the partition
+# (its forked writer pickles the whole store, about 4 s of a core at 100k memories, and copies
+# the pages it touches)
 CHECKPOINT_EVERY = 20_000
+# a checkpoint writer still at work after this long is killed, and the checkpoint tried again
+# (a partition of 250k memories is written in about 10 s)
+WRITER_LIMIT_S = 600.0
 log = logging.getLogger(__name__)
 
 
@@ -87,6 +91,8 @@ class MemoryProjector:
         self._wanted: set[int] | None = None  # the assignment to take, set by `assign`
         self._dirs: dict[int, Path] = {}  # partition -> its folder, while held
         self._locks: dict[int, FolderLock] = {}
+        self._writers: dict[int, snapshot.Writer] = {}  # partition -> its checkpoint being written
+        self._covered: dict[TopicPartition, int] = {}  # what the last good flush covered
         self._consumer: AIOKafkaConsumer | None = None
         # a second client only for end offsets: a broker answers one connection's requests in
         # order, so asking on the fetching connection would queue behind a long-poll fetch
@@ -158,6 +164,7 @@ class MemoryProjector:
                     self.since_checkpoint[tp.partition] = (
                         self.since_checkpoint.get(tp.partition, 0) + len(msgs))
                 self._restored()
+                self._reap()
                 if self.metrics is not None:
                     self.metrics.set_projection_lag(self.lag())
                 async with self._progress:
@@ -169,7 +176,8 @@ class MemoryProjector:
                     if covered is None:
                         unflushed = max(unflushed, 1)  # a sink failed: retry
                     else:
-                        await self._checkpoint(covered)
+                        self._covered = covered
+                        self._checkpoint(covered)
                         await self._commit(consumer, covered)
                 # flush in the background whenever the previous flush is done: recall's barrier
                 # never waits behind embedding, and a busy stream batches by itself
@@ -179,6 +187,8 @@ class MemoryProjector:
         finally:
             if flushing is not None:
                 flushing.cancel()
+            for p in list(self._writers):
+                self._writers.pop(p).abandon()
             await consumer.stop()
             await self._offsets.stop()
             if self._producer is not None:
@@ -211,6 +221,9 @@ class MemoryProjector:
         if self._base(tp) == "memory-log":
             self._outbox += [(tp.partition, mid.encode(), None) for mid in ids]
             if tp.partition in self._dirs:
+                writer = self._writers.pop(tp.partition, None)
+                if writer is not None:  # it was forked with the owner's memories in the fold
+                    writer.abandon()
                 snapshot.drop(self._dirs[tp.partition])
                 self.since_checkpoint[tp.partition] = max(self.checkpoint_every,
                                                           len(mem.store))
@@ -285,12 +298,16 @@ class MemoryProjector:
         if lock.acquire():
             self._locks[partition] = lock
             self._dirs[partition] = own
+            snapshot.drop_temporaries(own)
         else:
             self._dirs[partition] = own.with_name(f"{own.name}.{os.getpid()}")
             shutil.rmtree(self._dirs[partition], ignore_errors=True)
         return self._dirs[partition]
 
     def _release(self, partition: int) -> None:
+        writer = self._writers.pop(partition, None)
+        if writer is not None:  # the next holder may forget an owner the child still holds
+            writer.abandon()
         folder = self._dirs.pop(partition, None)
         lock = self._locks.pop(partition, None)
         if lock is not None:
@@ -380,27 +397,61 @@ class MemoryProjector:
 
     # ----------------------------------------------------------------------- checkpoints
 
-    async def _checkpoint(self, covered: dict[TopicPartition, int]) -> None:
+    def _checkpoint(self, covered: dict[TopicPartition, int]) -> None:
         """Checkpoint the partitions folded far enough since the last one, whose sinks hold
         everything folded (nothing was applied during the flush that covered them)."""
         if self.folder is None:
             return
         for p, mem in list(self.memory.parts.items()):
             tp = self._tp("memory-log", p)
-            due = max(self.checkpoint_every, len(mem.store) // 4)
-            if (p not in self._locks or self.since_checkpoint.get(p, 0) < due
+            if (p not in self._locks or self.since_checkpoint.get(p, 0) < self._due(mem)
                     or p in self.restoring or covered.get(tp) != self.applied.get(tp)):
                 continue
-            await self._save(p, mem, {tp.topic: self.applied[tp]})
+            self._save(p, mem, {tp.topic: self.applied[tp]})
 
-    async def _save(self, partition: int, mem: Memory, offsets: dict[str, int]) -> None:
-        t0 = time.monotonic()
+    def _save(self, partition: int, mem: Memory, offsets: dict[str, int]) -> None:
+        """Fork the partition's checkpoint writer; the fold goes on meanwhile. One writer at a
+        time, whatever the partition: each copies the pages its pickling touches, up to the
+        whole heap, so a second would double that (docs/decisions.md, "Checkpoints written by
+        a forked child"); a partition still due is checkpointed at a later flush."""
+        if self._writers:
+            return
         graph = mem.graph_sink.graph if mem.graph_sink is not None else None
-        data = snapshot.dumps(Checkpoint(self.build, offsets, mem.store, graph))
-        await asyncio.to_thread(snapshot.write_bytes, self._dirs[partition], data)
+        self._writers[partition] = snapshot.fork_write(
+            self._dirs[partition], Checkpoint(self.build, offsets, mem.store, graph))
         self.since_checkpoint[partition] = 0
-        log.info("checkpoint of partition %d at %s (%.2f s)", partition, offsets,
-                 time.monotonic() - t0)
+        log.info("checkpoint of partition %d at %s being written (pid %d)", partition, offsets,
+                 self._writers[partition].pid)
+
+    def _reap(self) -> None:
+        """Note the checkpoint writer that ended, and fork the next one due; a failed one is
+        tried again at the next flush (its partition counts as due)."""
+        for p, writer in list(self._writers.items()):
+            done = writer.poll()
+            if done is None and time.monotonic() - writer.started > WRITER_LIMIT_S:
+                writer.abandon()
+                done = False
+            if done is None:
+                continue
+            del self._writers[p]
+            if done:
+                log.info("checkpoint of partition %d written (%.2f s)", p,
+                         time.monotonic() - writer.started)
+                # the next partition due, if nothing was folded since the last flush (an idle
+                # log has no next flush to wait for)
+                self._checkpoint(self._covered)
+            else:
+                log.warning("checkpoint of partition %d not written (its writer failed or "
+                            "ran past %.0f s); trying again at the next flush", p,
+                            WRITER_LIMIT_S)
+                mem = self.memory.parts.get(p)
+                if mem is not None:
+                    self.since_checkpoint[p] = max(self.since_checkpoint.get(p, 0),
+                                                   self._due(mem))
+
+    def _due(self, mem: Memory) -> int:
+        """Records to fold into a partition before its next checkpoint."""
+        return max(self.checkpoint_every, len(mem.store) // 4)
 
     # ---------------------------------------------------------------------------- flush
 

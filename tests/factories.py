@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -141,3 +142,11 @@ def locker_code(owner: str, value: str, t: int) -> dict[str, Any]:
     ev = M.host_fact(owner, f"locker code is {value}", t, subject="locker code", predicate="is",
                      obj=value)
     return {**ev, "source": "user", "attributes": {**ev["attributes"], "correction": "0"}}
+
+
+class SlowToPickle:
+    """Pickles in a minute: a checkpoint writer that is still at work when a test acts."""
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        time.sleep(60)
+        return (SlowToPickle, ())

@@ -1,11 +1,14 @@
 """The partitioned memory projector against the real broker: it holds only the partitions it
 is given, recall on a partition being restored is told so, vectors are embedded once and read
-back by the next owner, a checkpoint bounds a restart to the tail, and the two barriers.
+back by the next owner, a checkpoint bounds a restart to the tail, an owner forgotten while a
+checkpoint is being written is not put back by it, and the two barriers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pickle
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from mnemoflow.agents.memory_events import as_operator, owner_forget
 from mnemoflow.agents.partitioning import partition_of
 from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.projections import snapshot
 from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder
 from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned
@@ -203,6 +208,50 @@ async def test_a_checkpoint_bounds_the_restart_to_the_tail(
     async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="other") as proj:
         assert await proj.barrier(30.0, request=request(users[0]))
         assert len(mem.parts[3].store) == 22
+
+
+async def test_an_owner_forgotten_while_a_checkpoint_is_written_is_not_put_back(
+        topics_for: Any, kafka_bootstrap: str, tmp_path: Path, monkeypatch: Any) -> None:
+    """A checkpoint writer is a fork of the fold, so one forked before a forget holds the
+    forgotten owner's memories: the forget kills it, and the checkpoint that lands holds none."""
+    s = topics_for
+    kept, gone = users_on(3, 2)
+    hold = tmp_path / "hold"  # while it exists, a checkpoint writer waits before it pickles
+    hold.touch()
+
+    def held_dump(obj: Any, f: Any, protocol: int | None = None) -> None:
+        while hold.exists():
+            time.sleep(0.02)
+        pickle.dump(obj, f, protocol=protocol)
+
+    monkeypatch.setattr(snapshot, "pickle", type("HeldPickle", (), {
+        "HIGHEST_PROTOCOL": pickle.HIGHEST_PROTOCOL, "dump": staticmethod(held_dump),
+        "dumps": staticmethod(pickle.dumps), "load": staticmethod(pickle.load)}))
+    await write(s, kafka_bootstrap, [memory_event(f"a{i}-{u}", ["early", u], owner=u)
+                                     for u in (kept, gone) for i in range(10)])
+    folder, mem = tmp_path / "memory", memory()
+    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="b",
+                          checkpoint_every=1) as proj:
+        assert await proj.barrier(30.0, request=request(kept))
+        for _ in range(300):  # the writer has its temporary file open and waits
+            if list((folder / "p3").glob(f".{snapshot.FILE}.*")):
+                break
+            await asyncio.sleep(0.1)
+        assert list((folder / "p3").glob(f".{snapshot.FILE}.*"))
+        await write(s, kafka_bootstrap, [as_operator(owner_forget(gone, 2), "asked", "test")])
+        for _ in range(300):
+            if not mem.parts[3].store.ids_of(gone):
+                break
+            await asyncio.sleep(0.1)
+        assert not mem.parts[3].store.ids_of(gone) and mem.parts[3].store.ids_of(kept)
+        hold.unlink()
+        for _ in range(300):
+            if (folder / "p3" / snapshot.FILE).exists():
+                break
+            await asyncio.sleep(0.1)
+        cp = snapshot.load(folder / "p3", "b")
+    assert cp is not None
+    assert not cp.store.ids_of(gone) and len(cp.store.ids_of(kept)) == 10
 
 
 async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_not(
