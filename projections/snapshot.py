@@ -27,11 +27,11 @@ import signal
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
+
+from mnemoflow.projections import heap
 
 log = logging.getLogger(__name__)
 FORMAT = 2  # 2: the store holds the memory switches (agents.controls)
@@ -189,35 +189,12 @@ class FolderLock:
             self._fd = None
 
 
-@contextmanager
-def long_lived_load() -> Iterator[None]:
-    """The cyclic garbage collector off while a checkpoint is unpickled, and what it made
-    filed with the oldest generation afterwards; the collector is then as it was.
-
-    A checkpoint makes millions of objects that live as long as the partition is held. With
-    the collector on, each threshold of allocations walks the objects made so far: more than
-    half the load time (docs/decisions.md, "Loading a checkpoint"). Left in the youngest
-    generation, they would each be walked three times by the collections that follow (young,
-    middle, old) while the tail is folded; freezing and unfreezing moves every tracked object
-    to the oldest generation without a walk. Nothing the unpickler makes is garbage, so no
-    collection is missed."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.unfreeze()
-        if was:
-            gc.enable()
-
-
 def load(folder: Path, build: str) -> Checkpoint | None:
     path = folder / FILE
     if not path.exists():
         return None
     try:
-        with open(path, "rb") as f, long_lived_load():
+        with open(path, "rb") as f, heap.long_lived_load():
             fmt, cp = pickle.load(f)
     except Exception as exc:  # a checkpoint is derived: fold from the start instead
         log.warning("checkpoint %s unreadable (%r); folding the partition from the start",

@@ -1,7 +1,8 @@
 """The partitioned memory projector against the real broker: it holds only the partitions it
 is given, recall on a partition being restored is told so, vectors are embedded once and read
 back by the next owner, a checkpoint bounds a restart to the tail, an owner forgotten while a
-checkpoint is being written is not put back by it, and the two barriers.
+checkpoint is being written is not put back by it, a backlog is folded a batch per turn of
+the event loop, and the two barriers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from mnemoflow.agents.memory_events import as_operator, owner_forget
 from mnemoflow.agents.partitioning import partition_of
@@ -28,7 +30,7 @@ from mnemoflow.schemas.codec import default_registry
 from mnemoflow.streams import topics as T
 from mnemoflow.streams.keyring import Keyring
 from mnemoflow.streams.producer import AvroProducer
-from mnemoflow.streams.projector import MemoryProjector
+from mnemoflow.streams.projector import FOLD_BATCH, MemoryProjector
 from mnemoflow.streams.reader import TopicReader
 
 from factories import HashEmbedder, memory_event
@@ -269,3 +271,38 @@ async def test_projected_barrier_waits_for_the_sinks_and_the_applied_one_does_no
         sink.release.set()
         assert await proj.barrier(30.0, projected=True) == (True, "")
         assert len(sink.flushed) == 6
+
+
+async def test_a_backlog_is_folded_one_batch_per_turn_of_the_loop(
+        topics_for: Any, kafka_bootstrap: str) -> None:
+    """A fetch returns at once while the consumer holds fetched records, so the fold must give
+    the loop a turn between batches: a task that runs at every turn sees the applied offsets
+    grow by at most FOLD_BATCH between two of its turns."""
+    s = topics_for
+    n = 6 * FOLD_BATCH
+    registry = default_registry()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=20,
+                                **s.client_kwargs())
+    await producer.start()
+    try:  # batched, not a wait per record: the backlog must be there before the fold starts
+        sent = [await producer.send(T.MEMORY_LOG.name(s), registry.encode(
+            "io.mnemoflow.MemoryEvent", memory_event(f"b{i}", ["backlog", f"w{i}"],
+                                                     owner=f"u{i % 40}")), key=f"u{i % 40}".encode())
+            for i in range(n)]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    growth: list[int] = []
+    mem = memory()
+    async with projecting(s, kafka_bootstrap, mem, set(range(PARTS))) as proj:
+        last = 0
+        for _ in range(1_000_000):
+            applied = sum(proj.applied.values())
+            growth.append(applied - last)
+            last = applied
+            if len(mem) == n:
+                break
+            await asyncio.sleep(0)
+    assert len(mem) == n
+    assert max(growth) <= FOLD_BATCH
+    assert sum(g > 0 for g in growth) >= n // FOLD_BATCH
