@@ -45,7 +45,15 @@ from typing import Any
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from bench_recall import BATCH, DIM, WORDS, kind_of
-from common import bench_settings, kafka_broker, pct, peak_rss_mib, write_results
+from common import (
+    bench_settings,
+    kafka_broker,
+    pct,
+    peak_rss_mib,
+    private_dirty_mib,
+    rss_mib,
+    write_results,
+)
 
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.partitioning import SHARED, partition_of
@@ -124,16 +132,6 @@ class RandomEmbedder:
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-def private_dirty_mib(pid: int) -> float:
-    """Pages a process wrote since it forked (copied, not shared with its parent)."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0.0
-    return sum(int(line.split()[1]) for line in text.splitlines()
-               if line.startswith("Private_Dirty:")) / 1024
-
-
 async def watch_loop(stalls: list[tuple[float, float]], every_s: float = 0.01) -> None:
     """Append (when, how late) each short sleep woke up: the longest is the loop's worst
     stall."""
@@ -143,19 +141,12 @@ async def watch_loop(stalls: list[tuple[float, float]], every_s: float = 0.01) -
         stalls.append((time.perf_counter(), time.perf_counter() - t - every_s))
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 # ----------------------------------------------------- 1 and 3: memory held, recall on it
 
 async def hold(n: int, parts: int, held: list[int], queries: int, per_user: int,
                graph: bool) -> dict[str, Any]:
     """Build the memory of the `held` partitions of n memories, recall on it, measure."""
-    rss_start = rss_mib()  # the process before any memory: interpreter, imports
+    rss_start = rss_mib(os.getpid())  # the process before any memory: interpreter, imports
     tuning = load_tuning()
     emb = RandomEmbedder(3)
     meta = index_meta(emb, tuning.index)
@@ -192,7 +183,7 @@ async def hold(n: int, parts: int, held: list[int], queries: int, per_user: int,
         out = {"held_partitions": held, "memories_held": len(memory),
                "per_partition": {p: len(memory.parts[p].store) for p in held},
                "users_held": len(owners_held), "build_s": build_s, "optimize_s": optimize_s,
-               "rss_start_mib": rss_start, "rss_mib": rss_mib(),
+               "rss_start_mib": rss_start, "rss_mib": rss_mib(os.getpid()),
                "peak_rss_mib": peak_rss_mib(os.getpid()),
                "ann": {p: {f: t.has_ann for f, t in memory.parts[p].index.tables.items()}
                        for p in held}}
@@ -334,7 +325,7 @@ async def project(bootstrap: str, prefix: str, folder: Path, parts: int, users: 
             data = snapshot.dumps(cp)
             pickle_s += time.perf_counter() - t
             del data
-            parent = max(parent, rss_mib())
+            parent = max(parent, rss_mib(os.getpid()))
             t = time.perf_counter()
             writer = snapshot.fork_write(folder / "forked", cp)
             fork_ms += 1000 * (time.perf_counter() - t)

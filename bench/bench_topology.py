@@ -472,10 +472,9 @@ async def start_question_sessions(s, bootstrap: str, n: int) -> None:
     """Start the retrieve burst's n sessions with the manifest a host sends, so the broker
     may deliver their packets to the inbox (a session without one gets a shadow decision and
     no packet); waited for until the gate saw them."""
-    await burst(bootstrap, s.topic("session-events"), [
-        {**chat_event(f"ask2-{i}", 1, "", ASKED_AT, user=f"user-{i}"), "type": "lifecycle",
-         "text": None, "lifecycle": "start", "capability": MANIFEST.to_record()}
-        for i in range(n)])
+    async with HostClient(s, bootstrap) as host:
+        await asyncio.gather(*(host.session(f"ask2-{i}", f"user-{i}", agent_id="bench")
+                               .lifecycle("start", ASKED_AT, MANIFEST) for i in range(n)))
     await count_until(
         bootstrap, s.topic("audit"),
         lambda rr: sum(a["stage"] == "gate" and a["sessionId"].startswith("ask2-")

@@ -135,11 +135,30 @@ def local_broker_pid() -> int | None:
     return st.pid if st is not None else None
 
 
-def peak_rss_mib(pid: int) -> float:
+def _status_mib(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def peak_rss_mib(pid: int) -> float:
+    return _status_mib(pid, "VmHWM")
+
+
+def rss_mib(pid: int) -> float:
+    return _status_mib(pid, "VmRSS")
+
+
+def private_dirty_mib(pid: int) -> float:
+    """Pages a process wrote since it forked (copied, not shared with its parent); 0 once it
+    is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    return sum(int(line.split()[1]) for line in text.splitlines()
+               if line.startswith("Private_Dirty:")) / 1024
 
 
 def pct(xs: list[float]) -> dict[str, float]:
