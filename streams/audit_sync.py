@@ -19,6 +19,7 @@ from mnemoflow.projections.audit_store import TOPICS, AuditStore, LogRecord
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.keyring import Keyring
+from mnemoflow.streams.keyring_slot import KeyringSlot
 from mnemoflow.streams.producer import require_topics
 from mnemoflow.streams.reader import topic_partitions
 from mnemoflow.streams.topics import VALUE_SCHEMA
@@ -77,9 +78,9 @@ async def sync(store: AuditStore, settings: Settings, bootstrap: str,
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                                 enable_auto_commit=False, auto_offset_reset="earliest",
                                 **settings.client_kwargs())
-    own = keyring is None and settings.seal
-    if own:
-        keyring = Keyring(settings, bootstrap, registry)
+    slot = KeyringSlot(settings, bootstrap, keyring, registry)
+    if settings.seal:
+        keyring = slot.get()
     await consumer.start()
     try:
         tps: list[TopicPartition] = []
@@ -114,8 +115,7 @@ async def sync(store: AuditStore, settings: Settings, bootstrap: str,
             return again
     finally:
         await consumer.stop()
-        if own and keyring is not None:
-            await keyring.stop()
+        await slot.stop()
     report.seconds = time.monotonic() - started
     return report
 

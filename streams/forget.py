@@ -16,6 +16,7 @@ from typing import Any
 from mnemoflow.agents import memory_events as M
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.keyring import Keyring
+from mnemoflow.streams.keyring_slot import KeyringSlot
 
 
 @dataclass
@@ -49,12 +50,11 @@ async def forget_owner(settings: Settings, bootstrap: str, owner: str, reason: s
         for ev in out.events:
             await host.append_memory(ev)
     if settings.seal:
-        ring = keyring or Keyring(settings, bootstrap)
+        slot = KeyringSlot(settings, bootstrap, keyring)
         try:
-            out.shredded = await ring.shred(owner)
+            out.shredded = await slot.get().shred(owner)
         finally:
-            if keyring is None:
-                await ring.stop()
+            await slot.stop()
     out.audit_store_rebuilt = await _rebuild_audit_store(settings, bootstrap)
     return out
 

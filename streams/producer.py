@@ -27,6 +27,7 @@ from tenacity.wait import wait_base
 
 from mnemoflow.schemas.codec import SchemaRegistry
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.keyring_slot import KeyringSlot
 
 if TYPE_CHECKING:
     from mnemoflow.streams.keyring import Keyring
@@ -176,8 +177,7 @@ class AvroProducer:
         from mnemoflow.schemas.codec import default_registry
 
         self.settings = settings
-        self.keyring = keyring
-        self._own_keyring = False
+        self._keyring = KeyringSlot(settings, bootstrap, keyring, registry)
         self.bootstrap = bootstrap
         self.registry = registry or default_registry()
         self.timeout_s = timeout_s = settings.host_timeout_s if timeout_s is None else timeout_s
@@ -236,8 +236,7 @@ class AvroProducer:
                         "up: %s", exc)
             await self._give_up_queued(exc)
         await self._producer.stop()
-        if self._own_keyring and self.keyring is not None:
-            await self.keyring.stop()
+        await self._keyring.stop()
 
     async def _give_up_queued(self, exc: KafkaError,
                               producer: AIOKafkaProducer | None = None) -> None:
@@ -300,8 +299,4 @@ class AvroProducer:
 
     def keys(self) -> Keyring:
         """This producer's keyring (made on first use)."""
-        if self.keyring is None:
-            from mnemoflow.streams.keyring import Keyring
-
-            self.keyring, self._own_keyring = Keyring(self.settings, self.bootstrap), True
-        return self.keyring
+        return self._keyring.get()

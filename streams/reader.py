@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry, default_registry
 from mnemoflow.streams.config import Settings
+from mnemoflow.streams.keyring_slot import KeyringSlot
 
 if TYPE_CHECKING:
     from mnemoflow.streams.keyring import Keyring
@@ -55,7 +56,7 @@ class TopicReader:
         """Memory events come back in the clear (`keyring`, or one made when the first sealed
         one is read); one whose key is shredded comes back with error `key-shredded`."""
         self.settings, self.bootstrap = settings, bootstrap
-        self.keyring, self._own_keyring = keyring, False
+        self._keyring = KeyringSlot(settings, bootstrap, keyring)
         self.registry = registry or default_registry()
         self.topics = topics
         self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
@@ -79,8 +80,7 @@ class TopicReader:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._c.stop()
-        if self._own_keyring and self.keyring is not None:
-            await self.keyring.stop()
+        await self._keyring.stop()
 
     async def poll(self, timeout_ms: int = 200) -> list[Record]:
         batch = await self._c.getmany(timeout_ms=timeout_ms, max_records=5000)
@@ -102,11 +102,7 @@ class TopicReader:
 
     def keys(self) -> Keyring:
         """This reader's keyring (made on first use)."""
-        if self.keyring is None:
-            from mnemoflow.streams.keyring import Keyring
-
-            self.keyring, self._own_keyring = Keyring(self.settings, self.bootstrap), True
-        return self.keyring
+        return self._keyring.get()
 
     async def drain(self) -> list[Record]:
         """Everything up to the end offsets as of now."""
