@@ -62,6 +62,7 @@ from mnemoflow.agents.recall import recall
 from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.projections import snapshot
 from mnemoflow.projections.array_index import ArrayIndex
+from mnemoflow.projections.heap import Freezer
 from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned, partition_dir
 from mnemoflow.projections.vector_index import RECALL_FAMILIES, owner_filter
 from mnemoflow.projections.vector_tier import index_meta
@@ -275,7 +276,8 @@ async def project(bootstrap: str, prefix: str, folder: Path, parts: int, users: 
     # worker's 20,000 does the same on partitions past that size)
     proj = MemoryProjector(bootstrap, topics, memory, default_registry(), s.client_kwargs(),
                            folder=folder, build=build,
-                           checkpoint_every=1 if checkpoint else CHECKPOINT_EVERY)
+                           checkpoint_every=1 if checkpoint else CHECKPOINT_EVERY,
+                           freezer=Freezer())  # as the worker's process does
     t = time.perf_counter()
     proj.assign(range(parts))
     await memory.start()

@@ -5,14 +5,13 @@ partition is held: about nine per memory. Left to the collector, every full coll
 all of them, and a full collection comes each time the objects that survived since the last
 one reach a quarter of those it walked. While a backlog is folded this happens again and
 again, each time over a bigger heap: 0.55 s a walk at 100k memories, seconds at 1M, with the
-worker's loop held (docs/decisions.md, "The fold's objects out of the collector's walks").
+worker's loop held (docs/decisions.md, "The fold gives the loop a turn per batch, and
+its objects leave the collector's walks").
 
-So what a large fold batch made is filed in the collector's permanent generation
-(`gc.freeze`), which no collection walks. The fold makes no reference cycles (a full
-collection after folding 100k memories found nothing unreachable), so nothing there needs the
-collector: a revoked memory or a dropped partition is freed by its reference count. Young
-cyclic garbage of the rest of the process is collected first, so only what was already old
-is frozen with the fold.
+`Freezer` is the worker's answer: what a restore made is frozen (`gc.freeze`), and the
+permanent generation it goes to is walked by no collection. Freezing acts on the whole
+interpreter, so only the process's owner (the worker's entry point) makes a Freezer and hands
+it to its projector; a library or a test that makes none leaves the collector alone.
 """
 
 from __future__ import annotations
@@ -22,24 +21,45 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
-def settle() -> None:
-    """Collect the young generations (cheap: only what is new), then freeze what is left."""
-    gc.collect(1)
-    gc.freeze()
+class Freezer:
+    """Freezes what a restore made, and thaws when a partition is dropped.
+
+    A frozen object that becomes garbage is still freed by its reference count, but a frozen
+    reference cycle is never collected: a held partition's memory is one (its vector sink
+    calls back into it), and so may be anything else that was alive at a freeze, such as a
+    task that later fails with its traceback. So a dropped partition, or a stopped projector,
+    thaws everything (`gc.unfreeze`): the next full collection walks the whole heap once and
+    frees those cycles, and the next restore freezes again."""
+
+    def __init__(self) -> None:
+        self.settled = 0  # how many times, for the tests and the bench
+        self.thawed = 0
+
+    def settle(self) -> None:
+        """Collect the young generations (cheap: only what is new, and any young garbage in
+        cycles goes), then freeze what is left."""
+        gc.collect(1)
+        gc.freeze()
+        self.settled += 1
+
+    def thaw(self) -> None:
+        gc.unfreeze()
+        self.thawed += 1
 
 
 @contextmanager
 def long_lived_load() -> Iterator[None]:
     """For unpickling a checkpoint: the collector off while it runs, since every object it
     makes lives on and each threshold of allocations would walk those made so far (more than
-    half the load time); what it made is then frozen as a settled fold is. The collector is
+    half the load time). What it made is then moved to the oldest generation without a walk
+    (frozen and thawed at once); a Freezer may freeze it for good afterwards. The collector is
     put back as it was, also when the load fails."""
-    gc.collect(1)
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
+        gc.unfreeze()
         if was:
             gc.enable()

@@ -34,7 +34,8 @@ from aiokafka.errors import KafkaError
 
 from mnemoflow.agents.candidate import scope_chain
 from mnemoflow.agents.sealing import FORGET_OP
-from mnemoflow.projections import heap, snapshot
+from mnemoflow.projections import snapshot
+from mnemoflow.projections.heap import Freezer
 from mnemoflow.projections.memory import Memory, flush_sinks
 from mnemoflow.projections.partitioned import PartitionedMemory, partition_dir
 from mnemoflow.projections.snapshot import Checkpoint, FolderLock
@@ -57,8 +58,8 @@ WRITER_LIMIT_S = 600.0
 # (0.9 s at 100k memories, 4.4 s at 1M) and the agents, heartbeats and recall barriers that
 # share the loop wait for all of it; 500 records take about 45 ms
 FOLD_BATCH = 500
-# a fold batch at least this big (a backlog: a restore, a bulk import) is moved out of the
-# garbage collector's walks (projections.heap); the few records of a live stream are not
+# with a Freezer (projections.heap), what a restore folds is frozen after each batch at least
+# this big; a live stream's few records are left to the collector
 SETTLE_RECORDS = FOLD_BATCH // 2
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,17 @@ class MemoryProjector:
                  registry: SchemaRegistry, client_kwargs: dict[str, object], *,
                  folder: Path | None = None, build: str = "", group: str | None = None,
                  vector_meta: Any = None, checkpoint_every: int = CHECKPOINT_EVERY,
-                 metrics: WorkerMetrics | None = None, keyring: Keyring | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, keyring: Keyring | None = None,
+                 freezer: Freezer | None = None) -> None:
         """`topics`: the memory-log, memory-shared and memory-vectors topic names by base
         name; `folder`: where partition checkpoints go (None: none are kept);
         `vector_meta`: the vector index's meta (model, dim, version), None without vectors;
         `group`: the consumer group the offsets every sink covers are committed to (what
         `mnemoflow eval` waits for; each worker commits the partitions it holds);
         `metrics`: where the projection lag is published after each batch; `keyring`: opens
-        sealed records (None: every record is taken as it is)."""
+        sealed records (None: every record is taken as it is); `freezer`: freezes what a
+        restore makes out of the garbage collector's walks, which acts on the whole process,
+        so only the process's owner passes one (None: the collector is left alone)."""
         self.bootstrap, self.topics, self.memory = bootstrap, topics, memory
         self.registry, self.client_kwargs = registry, client_kwargs
         self.folder, self.build, self.vector_meta = folder, build, vector_meta
@@ -90,6 +94,7 @@ class MemoryProjector:
         self.group = group
         self.metrics = metrics
         self.keyring = keyring
+        self.freezer = freezer
         self.applied: dict[TopicPartition, int] = {}  # next offset to apply
         self.projected: dict[TopicPartition, int] = {}  # next offset in every sink
         self.restoring: dict[int, int] = {}  # partition -> the log end it must reach
@@ -172,8 +177,8 @@ class MemoryProjector:
                     self.since_checkpoint[tp.partition] = (
                         self.since_checkpoint.get(tp.partition, 0) + len(msgs))
                 folded = sum(len(m) for m in batch.values())
-                if folded >= SETTLE_RECORDS:
-                    heap.settle()
+                if self.freezer is not None and self.restoring and folded >= SETTLE_RECORDS:
+                    self.freezer.settle()
                 self._restored()
                 self._reap()
                 if self.metrics is not None:
@@ -199,8 +204,11 @@ class MemoryProjector:
         finally:
             if flushing is not None:
                 flushing.cancel()
-            for p in list(self._writers):
-                self._writers.pop(p).abandon()
+            # a projector started next in this process must be able to take the folders
+            for p in set(self._writers) | set(self._dirs):
+                self._release(p)
+            if self.freezer is not None:
+                self.freezer.thaw()
             await consumer.stop()
             await self._offsets.stop()
             if self._producer is not None:
@@ -262,7 +270,10 @@ class MemoryProjector:
 
     async def _take(self, wanted: set[int], consumer: AIOKafkaConsumer) -> None:
         """Give up the partitions not wanted and restore the new ones."""
-        for p in sorted(self.held() - wanted):
+        dropped = sorted(self.held() - wanted)
+        if dropped and self.freezer is not None:
+            self.freezer.thaw()  # a dropped memory is a reference cycle: frozen, it would stay
+        for p in dropped:
             self.memory.drop(p)
             self._release(p)
             tp = self._tp("memory-log", p)
@@ -272,6 +283,7 @@ class MemoryProjector:
             log.info("memory-log partition %d given up", p)
         new = sorted(wanted - self.held())
         starts: dict[TopicPartition, int] = {}
+        loaded = False
         for p in new:
             folder = self._claim(p)
             cp = snapshot.load(folder, self.build) if folder and p in self._locks else None
@@ -282,6 +294,7 @@ class MemoryProjector:
                             "topic was recreated; folding from the start", p, cp.offsets[tp.topic],
                             end)
                 cp = None
+            loaded = loaded or cp is not None
             mem = self.memory.make(p, folder, (cp.store, cp.graph) if cp else None)
             mem.known_vectors.update(await self._read_vectors(p))
             mem.on_embedded = self._publisher(p)
@@ -293,6 +306,8 @@ class MemoryProjector:
                 self.restoring[p] = end
             log.info("memory-log partition %d taken: checkpoint at %s, log end %d, %d vectors "
                      "known", p, starts[tp] if cp else "none", end, len(mem.known_vectors))
+        if loaded and self.freezer is not None:
+            self.freezer.settle()
         consumer.assign(list(self.applied))
         for tp, pos in self.applied.items():
             consumer.seek(tp, pos)

@@ -25,6 +25,7 @@ from mnemoflow.projections import snapshot
 from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder
 from mnemoflow.projections.embedding_onnx import minilm_embedder
+from mnemoflow.projections.heap import Freezer
 from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned, partition_dir
 from mnemoflow.projections.vector_index import IndexMeta, IndexMismatch, VectorIndex, open_index
 from mnemoflow.projections.vector_tier import index_meta
@@ -114,8 +115,10 @@ async def open_or_replace(path: Path, meta: IndexMeta, held_vectors: bool = True
         return await open_index(path, meta, rebuild=True, held_vectors=held_vectors)
 
 
-def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = None) -> FaustRunner:
-    """The worker's runner: its faust app, memory, projector and ports, wired."""
+def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = None,
+                   freezer: Freezer | None = None) -> FaustRunner:
+    """The worker's runner: its faust app, memory, projector and ports, wired. `freezer`:
+    only for a process that is the worker (projections.heap)."""
     tuning = tuning or load_tuning(settings.weights_file)
     registry = default_registry()
     embedder = meta = index_for = None
@@ -141,7 +144,7 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
     projector = MemoryProjector(bootstrap, topics, memory, registry, settings.client_kwargs(),
                                 folder=folder, build=checkpoint_build(memory, tuning),
                                 group=f"{settings.app_id}-projector", vector_meta=meta,
-                                metrics=metrics, keyring=keyring)
+                                metrics=metrics, keyring=keyring, freezer=freezer)
     ports = Ports(tuning, settings.max_payload_bytes, _now_ms, tiers=memory.tiers,
                   index_version=lambda: memory.version, stores=memory.stores,
                   link_proposals=memory.link_proposals, rules=load_rules(),
@@ -220,7 +223,7 @@ def run_worker(settings: Settings, bootstrap: str, loglevel: str = "warn") -> in
     tables' changelog topics are created and visible, and local table state that is ahead
     of its changelog (a reset broker) is dropped so that faust restores it instead of
     refusing to start."""
-    pipe = build_pipeline(settings, bootstrap)
+    pipe = build_pipeline(settings, bootstrap, freezer=Freezer())
     internal = internal_topics(pipe.app)
     try:
         view = asyncio.run(worker_preflight(settings, bootstrap, internal,

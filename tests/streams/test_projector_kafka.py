@@ -24,6 +24,7 @@ from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.projections import snapshot
 from mnemoflow.projections.array_index import ArrayIndex
 from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.heap import Freezer
 from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.schemas.codec import default_registry
@@ -55,6 +56,16 @@ class HeldSink:
         todo = list(self.seen)
         await self.release.wait()
         self.flushed = todo
+
+
+class CountingFreezer(Freezer):
+    """Counts the projector's calls and leaves the test process's collector alone."""
+
+    def settle(self) -> None:
+        self.settled += 1
+
+    def thaw(self) -> None:
+        self.thawed += 1
 
 
 class CountingEmbedder(HashEmbedder):
@@ -139,16 +150,19 @@ async def test_a_worker_holds_only_its_partitions_and_says_when_one_is_restoring
     await write(s, kafka_bootstrap, [memory_event("ws-note", ["kafka"], owner="w1",
                                                   scope="Workspace")])
     mem = memory()
-    async with projecting(s, kafka_bootstrap, mem, {0}) as proj:
+    freezer = CountingFreezer()
+    async with projecting(s, kafka_bootstrap, mem, {0}, freezer=freezer) as proj:
         assert await proj.barrier(30.0, request=request(mine[0])) == (True, "")
         assert set(mem.parts) == {0}
         held = {m for part in mem.memories() for m in part.store.records}
         assert held == {f"m-{u}" for u in mine} | {"ws-note"}  # never another partition's
         # a request of a partition not held here is told so, within the bound
         assert await proj.barrier(0.5, request=request(theirs[0])) == (False, "restoring")
+        assert freezer.thawed == 0
         proj.assign({1})  # a rebalance: partition 0 moves away, 1 comes
         assert await proj.barrier(30.0, request=request(theirs[0])) == (True, "")
         assert set(mem.parts) == {1}
+        assert freezer.thawed == 1  # what partition 0 held can be collected
         held = {m for part in mem.memories() for m in part.store.records}
         assert held == {f"m-{u}" for u in theirs} | {"ws-note"}
 
@@ -200,8 +214,12 @@ async def test_a_checkpoint_bounds_the_restart_to_the_tail(
     await write(s, kafka_bootstrap, [memory_event(f"b-{u}", ["late", u], owner=u) for u in users])
 
     mem = memory()
-    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="b") as proj:
+    freezer = CountingFreezer()
+    # the projector before let go of the partition's folder when it stopped
+    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="b",
+                          freezer=freezer) as proj:
         assert await proj.barrier(30.0, request=request(users[0]))
+        assert freezer.settled == 1  # what the checkpoint made (the tail is too short)
         store = mem.parts[3].store
         assert len(store) == 22  # the checkpoint's 20 and the tail's 2
         assert store.applied_count == 20 + 2  # counted in the checkpoint, then 2 folded now
@@ -277,7 +295,8 @@ async def test_a_backlog_is_folded_one_batch_per_turn_of_the_loop(
         topics_for: Any, kafka_bootstrap: str) -> None:
     """A fetch returns at once while the consumer holds fetched records, so the fold must give
     the loop a turn between batches: a task that runs at every turn sees the applied offsets
-    grow by at most FOLD_BATCH between two of its turns."""
+    grow by at most FOLD_BATCH between two of its turns. The restore is settled (frozen) as it
+    goes, and everything thawed when the projector stops."""
     s = topics_for
     n = 6 * FOLD_BATCH
     registry = default_registry()
@@ -294,15 +313,19 @@ async def test_a_backlog_is_folded_one_batch_per_turn_of_the_loop(
         await producer.stop()
     growth: list[int] = []
     mem = memory()
-    async with projecting(s, kafka_bootstrap, mem, set(range(PARTS))) as proj:
+    freezer = CountingFreezer()
+    async with projecting(s, kafka_bootstrap, mem, set(range(PARTS)), freezer=freezer) as proj:
         last = 0
-        for _ in range(1_000_000):
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
             applied = sum(proj.applied.values())
             growth.append(applied - last)
             last = applied
-            if len(mem) == n:
+            if len(mem) == n:  # folded in the step that moved `applied` last: counted
                 break
             await asyncio.sleep(0)
+        assert freezer.thawed == 0
     assert len(mem) == n
     assert max(growth) <= FOLD_BATCH
     assert sum(g > 0 for g in growth) >= n // FOLD_BATCH
+    assert freezer.settled >= 1 and freezer.thawed == 1
