@@ -28,22 +28,30 @@ class Freezer:
     reference cycle is never collected: a held partition's memory is one (its vector sink
     calls back into it), and so may be anything else that was alive at a freeze, such as a
     task that later fails with its traceback. So a dropped partition, or a stopped projector,
-    thaws everything (`gc.unfreeze`): the next full collection walks the whole heap once and
-    frees those cycles, and the next restore freezes again."""
+    thaws everything (`gc.unfreeze`), and the first settle after a thaw collects every
+    generation before it freezes again: a young collection does not reach what the thaw put
+    in the oldest generation, and freezing it again would keep the dropped cycles for good.
+    That full collection walks the whole heap once, as every full collection did before."""
 
     def __init__(self) -> None:
         self.settled = 0  # how many times, for the tests and the bench
         self.thawed = 0
+        self._thawed_since = False  # a thaw since the last settle: collect everything first
 
     def settle(self) -> None:
         """Collect the young generations (cheap: only what is new, and any young garbage in
-        cycles goes), then freeze what is left."""
-        gc.collect(1)
+        cycles goes), or every generation after a thaw; then freeze what is left."""
+        if self._thawed_since:
+            gc.collect()
+            self._thawed_since = False
+        else:
+            gc.collect(1)
         gc.freeze()
         self.settled += 1
 
     def thaw(self) -> None:
         gc.unfreeze()
+        self._thawed_since = True
         self.thawed += 1
 
 

@@ -204,6 +204,8 @@ class MemoryProjector:
         finally:
             if flushing is not None:
                 flushing.cancel()
+                # its writes into the partitions' folders end before the folders are let go
+                await asyncio.gather(flushing, return_exceptions=True)
             # a projector started next in this process must be able to take the folders
             for p in set(self._writers) | set(self._dirs):
                 self._release(p)

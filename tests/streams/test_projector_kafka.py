@@ -225,9 +225,12 @@ async def test_a_checkpoint_bounds_the_restart_to_the_tail(
         assert store.applied_count == 20 + 2  # counted in the checkpoint, then 2 folded now
         # of another build, a checkpoint is not used: the whole partition is folded
     mem = memory()
-    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="other") as proj:
+    freezer = CountingFreezer()
+    async with projecting(s, kafka_bootstrap, mem, {3}, folder=folder, build="other",
+                          freezer=freezer) as proj:
         assert await proj.barrier(30.0, request=request(users[0]))
         assert len(mem.parts[3].store) == 22
+        assert freezer.settled == 0  # nothing loaded, and 22 records are no backlog to settle
 
 
 async def test_an_owner_forgotten_while_a_checkpoint_is_written_is_not_put_back(
