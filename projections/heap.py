@@ -34,7 +34,7 @@ class Freezer:
     That full collection walks the whole heap once, as every full collection did before."""
 
     def __init__(self) -> None:
-        self.settled = 0  # how many times, for the tests and the bench
+        self.settled = 0  # how many times (the tests read these)
         self.thawed = 0
         self._thawed_since = False  # a thaw since the last settle: collect everything first
 

@@ -207,7 +207,7 @@ class MemoryProjector:
                 # its writes into the partitions' folders end before the folders are let go
                 await asyncio.gather(flushing, return_exceptions=True)
             # a projector started next in this process must be able to take the folders
-            for p in set(self._writers) | set(self._dirs):
+            for p in list(self._dirs):  # a writer's partition always has its folder
                 self._release(p)
             if self.freezer is not None:
                 self.freezer.thaw()
