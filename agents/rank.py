@@ -87,14 +87,16 @@ def recency(c: Candidate, now_ms: int, half_life_ms: int) -> float:
 
 def tier_floors(candidates: Sequence[Candidate], t: RankTuning) -> dict[str, float | None]:
     """tier -> the score its scale starts from: None (its lowest hit) when the tier returned
-    a full list of `recall_k` hits, else 0, the score of no match at all (BM25) or of an
-    unrelated text (cosine). A short list holds every match there was, so its weakest hit
-    may still be a good one and must not be scaled to nothing."""
+    a full list of `recall_k` hits, else the score of no match at all (BM25: 0) or of an
+    unrelated text (cosine: `vector_unrelated`, which depends on the model). A short list
+    holds every match there was, so its weakest hit may still be a good one and must not be
+    scaled to nothing."""
     hits: dict[str, int] = {}
     for c in candidates:
         for tier, _ in c.tier_scores or (("", c.relevance),):
             hits[tier] = hits.get(tier, 0) + 1
-    return {tier: None if n >= t.recall_k else 0.0 for tier, n in hits.items()}
+    return {tier: None if n >= t.recall_k else (t.vector_unrelated if tier == "vector" else 0.0)
+            for tier, n in hits.items()}
 
 
 def fused_relevance(candidates: Sequence[Candidate], t: RankTuning,

@@ -49,6 +49,10 @@ class RankTuning:
     packet_floor: float = 0.0
     packet_min_overlap: int = 2
     packet_min_coverage: float = 0.0  # share of the request's content words (0: off)
+    # the cosine an unrelated text gets on the embedding model's scale, where convex fusion
+    # starts the vector tier's scale when the tier returned a short list (MiniLM: about 0;
+    # e5 puts unrelated texts near 0.7, so from 0 its scores would all look alike)
+    vector_unrelated: float = 0.0
     budget_bytes: int = 2048
     max_items: int = 6
     audit_candidates: int = 25
@@ -111,10 +115,15 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**data)
 
 
-def load_tuning(path: str | Path | None = None) -> Tuning:
-    """Defaults, overlaid by the JSON file at `path` when given (keys are checked)."""
+def load_tuning(path: str | Path | None = None, model: str = "minilm") -> Tuning:
+    """Defaults, overlaid by the packaged values for the embedding `model` (its similarity
+    floors: each model has its own score scale), then by the JSON file at `path` when given
+    (keys are checked)."""
     raw = json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
     source = PACKAGED
+    for section, values in raw.get("models", {}).get(model, {}).items():
+        if section in ("gate", "rank", "index"):
+            raw[section] = {**raw.get(section, {}), **values}
     if path:
         override = json.loads(Path(path).read_text())
         for section in ("gate", "rank", "index"):

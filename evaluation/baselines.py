@@ -11,7 +11,7 @@ from rank_bm25 import BM25Okapi
 
 from mnemoflow.agents.text import tokens
 from mnemoflow.evaluation.datasets import Benchmark
-from mnemoflow.projections.embedding import Embedder
+from mnemoflow.projections.embedding import Embedder, as_passages, as_queries
 
 TOP = 25
 
@@ -62,9 +62,9 @@ def lists(bench: Benchmark, memory: Sequence[dict[str, Any]],
     if embedder is None:
         return out
     segs = [m for m in memory if m["op"] == "segment_recorded" and m.get("text")]
-    vecs = embedder.embed([m["text"] for m in segs])
+    vecs = embedder.embed(as_passages(embedder, [m["text"] for m in segs]))
     turn_vectors = {(m["owner"], m["provenance"][-1]): v for m, v in zip(segs, vecs, strict=True)}
-    qv = embedder.embed([q.text for q in bench.questions])
+    qv = embedder.embed(as_queries(embedder, [q.text for q in bench.questions]))
     out["cosine"] = cosine(bench, turn_vectors,
                            {q.qid: v for q, v in zip(bench.questions, qv, strict=True)})
     return out

@@ -52,9 +52,10 @@ from mnemoflow.evaluation import offline
 from mnemoflow.evaluation.datasets import Benchmark, Question, session_of
 from mnemoflow.evaluation.metrics import host_provenance
 from mnemoflow.projections.array_index import ArrayIndex
-from mnemoflow.projections.embedding import AsyncEmbedder, Embedder
+from mnemoflow.projections.embedding import AsyncEmbedder, Embedder, as_queries
 from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.projections.vector_tier import VectorSink, VectorTier, index_meta
+from mnemoflow.streams.config import Settings
 
 FOLDS = 5
 ROUNDS = 3
@@ -264,7 +265,8 @@ def prepare(name: str, bench: Benchmark, tuning: Tuning, embedder: Embedder,
     asked = {sid for sid in log.question_sessions}
     reqs = {log.question_sessions[r["sessionId"]]: r for r in runner.records("recall-requests")
             if r["sessionId"] in asked}
-    embedder.embed(sorted({r["text"] for r in reqs.values()}))  # one batch, then cache hits
+    # one batch, then cache hits
+    embedder.embed(as_queries(embedder, sorted({r["text"] for r in reqs.values()})))
     return Prepared(name, bench, runner.records("memory-log"), reqs, AsyncEmbedder(embedder),
                     folds, runner.memory.partitions)
 
@@ -460,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (a.locomo and a.longmemeval and a.out):
         ap.error("--locomo, --longmemeval and --out are required")
-    start = load_tuning(a.weights)
+    start = load_tuning(a.weights, Settings().embedding_model)
     space = {k: v for k, v in SPACE.items() if not a.knobs or k in a.knobs}
     embedder = offline.default_embedder()
     lo = offline.load_bench("locomo", a.locomo)

@@ -26,6 +26,7 @@ from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.evaluation.calibrate import folds_locomo, folds_longmemeval, set_knob
 from mnemoflow.evaluation.datasets import Benchmark
 from mnemoflow.evaluation.offline import evaluate, load_bench
+from mnemoflow.streams.config import Settings
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def cross_validate(runs: Sequence[Run], fold_of: dict[str, int], quser: dict[str
 
 
 def replay_at(bench: Benchmark, knob: str, value: float) -> Run:
-    tuning = set_knob(load_tuning(), knob, value)
+    tuning = set_knob(load_tuning(model=Settings().embedding_model), knob, value)
     _, df, data, log = evaluate(bench, tuning, with_baselines=False)
     packets: Counter[str] = Counter(
         log.haystack_sessions[op["sessionId"]] for op in data.inbox

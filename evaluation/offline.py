@@ -46,13 +46,13 @@ from mnemoflow.evaluation.metrics import (
 )
 from mnemoflow.evaluation.replay_log import ReplayLog, send_haystack
 from mnemoflow.projections.array_index import ArrayIndex
+from mnemoflow.projections.embedders import build_embedder
 from mnemoflow.projections.embedding import (
     DEFAULT_EMBED_CACHE_DIR,
     AsyncEmbedder,
     CachedEmbedder,
     Embedder,
 )
-from mnemoflow.projections.embedding_onnx import minilm_embedder
 from mnemoflow.projections.partitioned import build_partitioned, partition_dir
 from mnemoflow.projections.vector_tier import index_meta
 from mnemoflow.streams.config import Settings
@@ -72,7 +72,9 @@ def manifest(mode: str) -> CapabilityManifest:
 
 def default_embedder() -> Embedder:
     """MiniLM behind the on-disk cache: each benchmark text is embedded once per model."""
-    return CachedEmbedder(minilm_embedder(Settings().embedder), disk_dir=DEFAULT_EMBED_CACHE_DIR)
+    settings = Settings()
+    return CachedEmbedder(build_embedder(settings.embedding_model, settings.embedder),
+                          disk_dir=DEFAULT_EMBED_CACHE_DIR)
 
 
 def runner_for(tuning: Tuning, *, vector: bool = True, embedder: Embedder | None = None,
@@ -191,6 +193,7 @@ def evaluate(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bool 
     df = per_question(bench, log, data, lists)
     result = {"benchmark": bench.name, "mode": mode, "vector": vector, "lancedb": lancedb,
               "graph": graph, "tuning_source": tuning.source, "tuning": tuning.to_dict(),
+              "embedding_model": embedder.name if embedder is not None else None,
               "questions": len(bench.questions),
               "question_trigger_rate": float(df["triggered"].mean()) if df.height else 0.0,
               "questions_moved_after_their_haystack": bench.shifted_questions,
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
     bench = load_bench(a.benchmark, a.file, a.limit, a.ids, tuple(a.roles.split(",")))
-    tuning = load_tuning(a.weights)
+    tuning = load_tuning(a.weights, Settings().embedding_model)
     result, df, data, log = evaluate(bench, tuning, a.mode, not a.no_vector, a.lancedb,
                                      not a.no_baselines, graph=not a.no_graph)
     result["command"] = " ".join(["python -m mnemoflow.evaluation.offline", *(argv or sys.argv[1:])])

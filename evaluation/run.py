@@ -58,16 +58,23 @@ def _cosine_inputs(bench: Benchmark, data: metrics.TopicData
     vectors (IndexTuning.vector_context_weight), and the baseline must stay plain cosine.
     The on-disk cache makes a repeated run cheap.
     """
-    from mnemoflow.projections.embedding import DEFAULT_EMBED_CACHE_DIR, CachedEmbedder
-    from mnemoflow.projections.embedding_onnx import minilm_embedder
+    from mnemoflow.projections.embedders import build_embedder
+    from mnemoflow.projections.embedding import (
+        DEFAULT_EMBED_CACHE_DIR,
+        CachedEmbedder,
+        as_passages,
+        as_queries,
+    )
 
-    emb = CachedEmbedder(minilm_embedder(Settings().embedder), disk_dir=DEFAULT_EMBED_CACHE_DIR)
+    settings = Settings()
+    emb = CachedEmbedder(build_embedder(settings.embedding_model, settings.embedder),
+                         disk_dir=DEFAULT_EMBED_CACHE_DIR)
     # turn ids repeat across users (every LoCoMo conversation has a D1:3): key by owner too
     segs = [m for m in data.memory if m["op"] == "segment_recorded" and m.get("text")]
-    vecs = emb.embed([m["text"] for m in segs])
+    vecs = emb.embed(as_passages(emb, [m["text"] for m in segs]))
     turn_vectors = {(m["owner"], metrics.host_provenance(",".join(m["provenance"]))): v
                     for m, v in zip(segs, vecs, strict=True)}
-    qv = emb.embed([q.text for q in bench.questions])
+    qv = emb.embed(as_queries(emb, [q.text for q in bench.questions]))
     return turn_vectors, {q.qid: v for q, v in zip(bench.questions, qv, strict=True)}
 
 
@@ -106,8 +113,9 @@ def run_eval(name: str, bench: Benchmark, out: Path, mode: str, command: str,
     df = metrics.per_question(bench, log, data, lists)
     result = {
         "benchmark": name, "mode": mode, "command": command,
-        "tuning_source": load_tuning(settings.weights_file).source,
-        "tuning": load_tuning(settings.weights_file).to_dict(),
+        "tuning_source": load_tuning(settings.weights_file, settings.embedding_model).source,
+        "tuning": load_tuning(settings.weights_file, settings.embedding_model).to_dict(),
+        "embedding_model": settings.embedding_model,
         "worker_env": REPLAY_WORKER_ENV,
         "haystack_events": log.haystack_events, "wall_s": log.wall_s,
         "questions_moved_after_their_haystack": bench.shifted_questions,

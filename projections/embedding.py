@@ -40,6 +40,8 @@ __all__ = [
     "Embedder",
     "EmbeddingIntegrityError",
     "MiniLMEmbedder",
+    "as_passages",
+    "as_queries",
 ]
 
 MINILM_SAFETENSORS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
@@ -509,11 +511,32 @@ class MiniLMEmbedder:
 
 # --------------------------------------------------------------------------- cache
 
+def as_queries(embedder: Any, texts: Sequence[str]) -> list[str]:
+    """`texts` as what is searched for, with the role prefix the model was trained with
+    (e5's `query: `; none for MiniLM or a model that declares none)."""
+    prefix = getattr(embedder, "query_prefix", "")
+    return [prefix + t for t in texts]
+
+
+def as_passages(embedder: Any, texts: Sequence[str]) -> list[str]:
+    """`texts` as what is searched (memories), with the model's passage prefix, if any."""
+    prefix = getattr(embedder, "passage_prefix", "")
+    return [prefix + t for t in texts]
+
+
 class _Wrapper:
     """A wrapper around an Embedder makes the same vectors, so it has the wrapped one's name,
-    dim and version (what the index records it was built with)."""
+    dim and version (what the index records it was built with) and its role prefixes."""
 
     inner: Embedder
+
+    @property
+    def query_prefix(self) -> str:
+        return getattr(self.inner, "query_prefix", "")
+
+    @property
+    def passage_prefix(self) -> str:
+        return getattr(self.inner, "passage_prefix", "")
 
     @property
     def name(self) -> str:

@@ -40,7 +40,8 @@ from mnemoflow.projections.embedding import (
     _Weights,
 )
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "OnnxMiniLMEmbedder", "build_minilm_graph", "minilm_embedder"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "OnnxMiniLMEmbedder", "build_minilm_graph", "minilm_embedder",
+           "session_options"]
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,25 @@ class _OrtForward:
         return out
 
 
+def session_options(intra_op_threads: int) -> Any:
+    """ORT options for an encoder on a box that the event loop and the broker share."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = intra_op_threads
+    # the graph is a single chain: nothing for an inter-op pool to run in parallel
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.inter_op_num_threads = 1
+    # Idle pool threads spinning for the next call steal the cores that the event loop and
+    # the broker share with us (and slowed the embedding itself on the loaded 2-core box).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Without the arena, a batch's activations go back when the call ends instead of the
+    # process keeping its largest batch's worth for good; no slower in the bench.
+    opts.enable_cpu_mem_arena = False
+    return opts
+
+
 class OnnxMiniLMEmbedder(MiniLMEmbedder):
     """all-MiniLM-L6-v2 through ONNX Runtime, on a graph built from the verified weights.
 
@@ -242,18 +262,7 @@ class OnnxMiniLMEmbedder(MiniLMEmbedder):
         tensors, tokenizer = self._read_verified()
         model, external = build_minilm_graph(self._prepare(tensors))
         del tensors  # the prepared copies are what ORT reads
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = self.intra_op_threads
-        # the graph is a single chain: nothing for an inter-op pool to run in parallel
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.inter_op_num_threads = 1
-        # Idle pool threads spinning for the next call steal the cores that the event loop and
-        # the broker share with us (and slowed the embedding itself on the loaded 2-core box).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # Without the arena, a batch's activations go back when the call ends instead of the
-        # process keeping its largest batch's worth for good; no slower in the bench.
-        opts.enable_cpu_mem_arena = False
+        opts = session_options(self.intra_op_threads)
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in external.values()]
         opts.add_external_initializers(list(external), values)
         session = ort.InferenceSession(model.SerializeToString(), opts,

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
+from mnemoflow.projections.embedders import DEFAULT_MODEL, build_embedder
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder
-from mnemoflow.projections.embedding_onnx import DEFAULT_BACKEND, minilm_embedder
+from mnemoflow.projections.embedding_onnx import DEFAULT_BACKEND
 from mnemoflow.projections.markdown import MarkdownSink, events_from_markdown
 from mnemoflow.projections.memory_store import MemoryStore
 from mnemoflow.projections.vector_index import VectorIndex, open_index
@@ -33,9 +34,10 @@ class MarkdownIncomplete(RuntimeError):
     """The store and the index were rebuilt, but some owners' MEMORY.md could not be written."""
 
 
-def default_embedder(backend: str = DEFAULT_BACKEND) -> AsyncEmbedder:
-    """`backend`: Settings.embedder (onnx or numpy; the vectors are the same)."""
-    return AsyncEmbedder(CachedEmbedder(minilm_embedder(backend)))
+def default_embedder(backend: str = DEFAULT_BACKEND, model: str = DEFAULT_MODEL) -> AsyncEmbedder:
+    """`model`: Settings.embedding_model; `backend`: Settings.embedder (MiniLM's forward pass,
+    onnx or numpy; the vectors are the same)."""
+    return AsyncEmbedder(CachedEmbedder(build_embedder(model, backend)))
 
 
 async def rebuild(events: list[dict[str, Any]], index_path: Path, embedder: AsyncEmbedder,

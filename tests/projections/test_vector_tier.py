@@ -202,3 +202,24 @@ async def test_no_memory_of_the_request_s_owners_means_no_embedding_and_no_query
         assert Counting.texts == [] and queries == []
         assert {c.memory_id for c in await tier.search(REQ, 10, ())} == {"a", "b", "c", "x"}
         assert Counting.texts == [REQ["text"]] and len(queries) == 1
+
+
+async def test_a_model_with_roles_gets_queries_and_passages_marked() -> None:
+    class Roles(HashEmbedder):
+        query_prefix, passage_prefix = "query: ", "passage: "
+        texts: list[str] = []
+
+        def embed(self, texts):  # type: ignore[no-untyped-def]
+            Roles.texts += list(texts)
+            return super().embed(texts)
+
+    async with AsyncEmbedder(Roles()) as emb:
+        tier = await tier_over(LOG, emb)
+        written = list(Roles.texts)
+        Roles.texts.clear()
+        found = await tier.search(REQ, 10, ())
+    assert Roles.texts == ["query: " + REQ["text"]]
+    assert written and all(t.startswith("passage: ") for t in written)
+    assert {"passage: " + e["text"] for e in LOG} <= set(written)
+    # the memory is stored as written by the host; only what is embedded carries the role
+    assert tier.store.records["c"].text == LOG[2]["text"] and found

