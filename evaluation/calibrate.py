@@ -47,7 +47,7 @@ from mnemoflow.agents.candidate import Candidate
 from mnemoflow.agents.partitioning import partition_of, request_key
 from mnemoflow.agents.rank import rank
 from mnemoflow.agents.recall import RecallResult, TierSpec, recall
-from mnemoflow.agents.tuning import IndexTuning, RankTuning, Tuning, load_tuning
+from mnemoflow.agents.tuning import IndexTuning, RankTuning, Tuning, load_tuning, models_json
 from mnemoflow.evaluation import offline
 from mnemoflow.evaluation.datasets import Benchmark, Question, session_of
 from mnemoflow.evaluation.metrics import host_provenance
@@ -437,10 +437,9 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def tuning_json(t: Tuning, calibration: dict[str, Any]) -> dict[str, Any]:
-    d = t.to_dict()
-    d.pop("source", None)
-    d["calibration"] = calibration
+def tuning_json(t: Tuning, calibration: dict[str, Any], model: str) -> dict[str, Any]:
+    d = models_json(t, model)
+    d["calibration"] = {**calibration, "embedding_model": model}
     return d
 
 
@@ -494,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                    "index": asdict(final.index), "rank": asdict(final.rank)})
     (a.out / "calibration.json").write_text(json.dumps(report, indent=2))
     (a.out / "tuning.json").write_text(json.dumps(tuning_json(final, {
-        "procedure": "evaluation/CALIBRATION.md", "command": report["command"]}), indent=2) + "\n")
+        "procedure": "evaluation/CALIBRATION.md", "command": report["command"]},
+        Settings().embedding_model), indent=2) + "\n")
     print(json.dumps({"final": report["final"], "all_dev_final": per_final}, indent=2))
     return 0
 

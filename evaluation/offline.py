@@ -71,7 +71,7 @@ def manifest(mode: str) -> CapabilityManifest:
 
 
 def default_embedder() -> Embedder:
-    """MiniLM behind the on-disk cache: each benchmark text is embedded once per model."""
+    """The configured model behind the on-disk cache: each text is embedded once per model."""
     settings = Settings()
     return CachedEmbedder(build_embedder(settings.embedding_model, settings.embedder),
                           disk_dir=DEFAULT_EMBED_CACHE_DIR)
@@ -193,7 +193,7 @@ def evaluate(bench: Benchmark, tuning: Tuning, mode: str = "soft", vector: bool 
     df = per_question(bench, log, data, lists)
     result = {"benchmark": bench.name, "mode": mode, "vector": vector, "lancedb": lancedb,
               "graph": graph, "tuning_source": tuning.source, "tuning": tuning.to_dict(),
-              "embedding_model": embedder.name if embedder is not None else None,
+              "embedder": embedder.version if embedder is not None else None,
               "questions": len(bench.questions),
               "question_trigger_rate": float(df["triggered"].mean()) if df.height else 0.0,
               "questions_moved_after_their_haystack": bench.shifted_questions,

@@ -76,7 +76,7 @@ def write(out: Path, name: str, result: dict[str, Any]) -> None:
     (out / "metrics.json").write_text(json.dumps(result, indent=2, default=float))
     overall = result["summary"]["overall"]
     metric = PUBLISHED[name]["metric"]
-    systems = [("mnemoflow", ""), ("BM25", "bm25:"), ("cosine MiniLM", "cosine:")]
+    systems = [("mnemoflow", ""), ("BM25", "bm25:"), ("cosine", "cosine:")]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, prefix in systems:

@@ -52,7 +52,7 @@ async def _read(settings: Settings, bootstrap: str) -> metrics.TopicData:
 
 def _cosine_inputs(bench: Benchmark, data: metrics.TopicData
                    ) -> tuple[dict[tuple[str, str], np.ndarray], dict[str, np.ndarray]]:
-    """Plain MiniLM vectors of the recorded turn texts and of the questions.
+    """Plain vectors (the configured model) of the recorded turn texts and of the questions.
 
     Embedded here rather than read from LanceDB: the index stores context-blended
     vectors (IndexTuning.vector_context_weight), and the baseline must stay plain cosine.

