@@ -117,6 +117,10 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**data)
 
 
+def _packaged() -> dict[str, Any]:
+    return json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
+
+
 def _overlay(raw: dict[str, Any], values: dict[str, Any]) -> None:
     for section in ("gate", "rank", "index"):
         raw[section] = {**raw.get(section, {}), **values.get(section, {})}
@@ -127,7 +131,7 @@ def load_tuning(path: str | Path | None = None, model: str = DEFAULT_MODEL) -> T
     floors: each model has its own score scale), then by the JSON file at `path` when given,
     then by that file's own values for `model` (keys are checked). A model other than MiniLM
     without values of its own is refused: MiniLM's floors would pass everything on its scale."""
-    raw = json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
+    raw = _packaged()
     source = PACKAGED
     if model != DEFAULT_MODEL and model not in raw.get("models", {}):
         raise ValueError(f"no tuning for embedding model {model!r} in tuning.json 'models'")
@@ -145,7 +149,7 @@ def models_json(t: Tuning, model: str) -> dict[str, Any]:
     """`t` (tuned with `model`) as a tuning.json: the knobs `model` has values of its own for
     go under `models`, and the top-level sections keep MiniLM's, so the file serves every
     model (the calibration writes it, and it may be copied over agents/tuning.json)."""
-    raw = json.loads(resources.files("mnemoflow.agents").joinpath("tuning.json").read_text())
+    raw = _packaged()
     d = t.to_dict()
     d.pop("source", None)
     models = raw.get("models", {})

@@ -7,20 +7,20 @@ vectors of two models never meet: changing the model makes a new index.
 
 from __future__ import annotations
 
+from mnemoflow.agents.tuning import DEFAULT_MODEL
 from mnemoflow.projections.embedding import Embedder
 from mnemoflow.projections.embedding_e5 import E5Embedder
 from mnemoflow.projections.embedding_onnx import DEFAULT_BACKEND, minilm_embedder
 
 __all__ = ["DEFAULT_MODEL", "MODELS", "build_embedder"]
 
-MODELS = ("minilm", "e5-small-v2")
-DEFAULT_MODEL = "minilm"
+MODELS = (DEFAULT_MODEL, "e5-small-v2")
 
 
 def build_embedder(model: str = DEFAULT_MODEL, backend: str = DEFAULT_BACKEND) -> Embedder:
     """`model` from MODELS; `backend` ("onnx" or "numpy") is MiniLM's forward pass (e5 ships
     as an ONNX graph only)."""
-    if model == "minilm":
+    if model == DEFAULT_MODEL:
         return minilm_embedder(backend)
     if model == "e5-small-v2":
         return E5Embedder()
