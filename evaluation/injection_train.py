@@ -1,11 +1,12 @@
-"""Train the injection classifier (agents/injection_model.py) and report it on a frozen split.
+"""Train the injection classifier (agents/injection_model.py) and report it on the frozen splits.
 
     .venv/bin/python -m mnemoflow.evaluation.injection_train [--write] [--json PATH]
 
 Data (evaluation/data/injection/, see its README.md):
 - train.jsonl: attacks and benign look-alikes written by family, plus the rules' older corpus
   (tests/agents/data/injection_corpus.jsonl), whose figures are therefore reported out of fold;
-- frozen.jsonl: a test set written separately, frozen (its sha256 is checked) before any tuning;
+- frozen.jsonl, frozen2.jsonl and frozen3.jsonl: test sets written separately, each frozen (its
+  sha256 is checked) before the training it was first scored on;
 - real chats from the dev splits (../shared/data), benign by assumption: every LoCoMo and
   LongMemEval oracle dev turn, and a quarter of the LongMemEval_S sessions; conversations are
   split between a training half and an evaluation half (chat_rows).
@@ -14,9 +15,10 @@ Model selection uses 5-fold cross-validation on the training data only (chat tur
 conversation): the inverse L2 strength C (the smallest within one standard error of the best
 recall), then the threshold, the lowest one at which the model,
 on cross-validated scores, flags at most FPR_LOOKALIKE of the benign look-alikes and FPR_CHAT of
-the real chats that the rules pass. The frozen split is scored once, after that choice. `--write`
-saves the weights as agents/injection_model.npz; the threshold goes into injection_rules.toml's
-[model] table by hand, from the figure printed here. Needs scikit-learn (`pip install -e .[train]`).
+the real chats that the rules pass. The frozen splits are scored once, after that choice.
+`--write` saves the weights as agents/injection_model.npz; the threshold goes into
+injection_rules.toml's [model] table by hand, from the figure printed here. Needs scikit-learn
+(`pip install -e .[train]`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ MODEL_FILE = REPO / "agents" / "injection_model.npz"
 FPR_LOOKALIKE = 0.02
 FPR_CHAT = 0.002
 C_GRID = (10.0, 30.0, 100.0, 300.0, 1000.0)
+FROZEN_SPLITS = ("frozen", "frozen2", "frozen3")
 SEED = 20261204
 
 Row = dict[str, str]
@@ -63,10 +66,10 @@ def read_jsonl(path: Path) -> list[Row]:
             if line.strip()]
 
 
-def frozen_rows() -> list[Row]:
-    """The frozen split, refused if it changed since it was frozen."""
-    path = DATA / "frozen.jsonl"
-    want = (DATA / "frozen.sha256").read_text().split()[0]
+def frozen_rows(name: str = "frozen") -> list[Row]:
+    """A frozen split, refused if it changed since it was frozen."""
+    path = DATA / f"{name}.jsonl"
+    want = (DATA / f"{name}.sha256").read_text().split()[0]
     got = hashlib.sha256(path.read_bytes()).hexdigest()
     if got != want:
         raise SystemExit(f"{path} changed after it was frozen ({got} != {want})")
@@ -254,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for k, f in report["old_corpus_out_of_fold"].items():
         print(f"{'old corpus (cv)':20} {k:9} attacks missed {f['missed']}  "
               f"benign flagged {f['flagged']}")
-    for name, data in (("frozen", frozen_rows()), ("dev_chats_eval_half", chat_eval)):
+    tests = [(name, frozen_rows(name)) for name in FROZEN_SPLITS]
+    for name, data in [*tests, ("dev_chats_eval_half", chat_eval)]:
         v = verdicts(data, rules, model)
         report[name] = {k: figures(data, f) for k, f in v.items()}
         for k in ("rules", "model", "combined"):

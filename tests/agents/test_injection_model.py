@@ -30,15 +30,22 @@ from mnemoflow.agents.injection_rules import (
     load_rules,
     parse_rules,
 )
-from mnemoflow.evaluation.injection_train import DATA, chat_rows, frozen_rows, read_jsonl
+from mnemoflow.evaluation.injection_train import (
+    DATA,
+    FROZEN_SPLITS,
+    chat_rows,
+    frozen_rows,
+    read_jsonl,
+)
 
 RULES_TEXT = resources.files("mnemoflow.agents").joinpath("injection_rules.toml").read_text("utf-8")
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-# measured with the shipped weights (bench/results/injection_model.json): 0.227 of the frozen
-# attacks missed (the rules alone: 0.797), 0.047 of its benign texts flagged, 0.0024 of the
-# held-out dev chat turns flagged; the floors leave a margin for retraining noise
-MISSED_FLOOR = 0.28
-FLAGGED_CEILING = 0.07
+# measured with the shipped weights (bench/results/injection_model.json), attacks missed and
+# benign flagged: frozen 0.167 / 0.037, frozen2 0.123 / 0.067, frozen3 0.180 / 0.033 (the rules
+# alone miss 0.797 / 0.883 / 0.870); 0.0033 of the held-out dev chat turns flagged; the floors
+# leave a margin for retraining noise
+MISSED_FLOOR = {"frozen": 0.22, "frozen2": 0.17, "frozen3": 0.23}
+FLAGGED_CEILING = {"frozen": 0.06, "frozen2": 0.09, "frozen3": 0.06}
 CHAT_CEILING = 0.005
 
 
@@ -121,22 +128,24 @@ def test_scores_are_pure(rules: RuleSet) -> None:
     assert all(0.0 <= p <= 1.0 for p in first)
 
 
-def test_the_frozen_split_is_frozen() -> None:
-    digest = hashlib.sha256((DATA / "frozen.jsonl").read_bytes()).hexdigest()
-    assert (DATA / "frozen.sha256").read_text().split()[0] == digest
-    rows = frozen_rows()
+@pytest.mark.parametrize("name", FROZEN_SPLITS)
+def test_the_frozen_splits_are_frozen(name: str) -> None:
+    digest = hashlib.sha256((DATA / f"{name}.jsonl").read_bytes()).hexdigest()
+    assert (DATA / f"{name}.sha256").read_text().split()[0] == digest
+    rows = frozen_rows(name)
     train = {r["text"] for r in read_jsonl(DATA / "train.jsonl")}
     assert not train & {r["text"] for r in rows}
     assert sum(r["label"] == "attack" for r in rows) == 300 == len(rows) - 300
 
 
-def test_figures_on_the_frozen_split(rules: RuleSet) -> None:
-    rows = frozen_rows()
+@pytest.mark.parametrize("name", FROZEN_SPLITS)
+def test_figures_on_the_frozen_splits(rules: RuleSet, name: str) -> None:
+    rows = frozen_rows(name)
     by_rules = 1 - _flagged_share(rules, rows, "attack", combined=False)
     missed = 1 - _flagged_share(rules, rows, "attack")
     flagged = _flagged_share(rules, rows, "benign")
-    assert missed <= MISSED_FLOOR < by_rules, (missed, by_rules)
-    assert flagged <= FLAGGED_CEILING, flagged
+    assert missed <= MISSED_FLOOR[name] < by_rules, (missed, by_rules)
+    assert flagged <= FLAGGED_CEILING[name], flagged
 
 
 @pytest.mark.skipif(not (SHARED / "locomo" / "dev.json").exists(), reason="../shared absent")
@@ -179,7 +188,8 @@ def test_weights_of_another_width_are_refused(tmp_path: Path) -> None:
     assert zero.score("anything") == 0.5 and zero.flags("anything")
 
 
-def test_frozen_rows_carry_their_family() -> None:
-    rows = frozen_rows()
+@pytest.mark.parametrize("name", FROZEN_SPLITS)
+def test_frozen_rows_carry_their_family(name: str) -> None:
+    rows = frozen_rows(name)
     families = {(r["label"], r["family"]) for r in rows}
     assert len(families) == 16 and all(json.dumps(r, ensure_ascii=False) for r in rows)
