@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--write", action="store_true", help="save agents/injection_model.npz")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--cv-only", action="store_true",
-                    help="stop after cross-validation: score neither the frozen split nor others")
+                    help="stop after cross-validation: score neither the frozen splits nor others")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     old = [{**r, "source": "old-corpus"} for r in read_jsonl(OLD_CORPUS)]

@@ -1,5 +1,5 @@
 """The injection classifier: its features, its place after the rules, its loader checks, and its
-figures on the frozen split and on real dev chats (the floors below are the measured figures
+figures on the frozen splits and on real dev chats (the floors below are the measured figures
 with a margin; evaluation/injection_train.py prints them exactly)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from mnemoflow.agents.injection_rules import (
     load_rules,
     parse_rules,
 )
+from mnemoflow.evaluation import injection_train
 from mnemoflow.evaluation.injection_train import (
     DATA,
     FROZEN_SPLITS,
@@ -189,7 +191,30 @@ def test_weights_of_another_width_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", FROZEN_SPLITS)
-def test_frozen_rows_carry_their_family(name: str) -> None:
-    rows = frozen_rows(name)
-    families = {(r["label"], r["family"]) for r in rows}
-    assert len(families) == 16 and all(json.dumps(r, ensure_ascii=False) for r in rows)
+def test_frozen_splits_have_the_same_families_and_counts(name: str) -> None:
+    def shape(rows: list[dict[str, str]]) -> Counter[tuple[str, str]]:
+        return Counter((r["label"], r["family"]) for r in rows)
+
+    assert len(shape(frozen_rows(name))) == 16
+    assert shape(frozen_rows(name)) == shape(frozen_rows(FROZEN_SPLITS[0]))
+
+
+def test_a_changed_split_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for suffix in (".jsonl", ".sha256"):
+        (tmp_path / f"frozen2{suffix}").write_bytes((DATA / f"frozen2{suffix}").read_bytes())
+    monkeypatch.setattr(injection_train, "DATA", tmp_path)
+    assert len(frozen_rows("frozen2")) == 600
+    with (tmp_path / "frozen2.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "one more", "label": "benign", "family": "conversation"}) + "\n")
+    with pytest.raises(SystemExit, match="changed after it was frozen"):
+        frozen_rows("frozen2")
+
+
+def test_the_reported_figures_are_of_the_shipped_weights(rules: RuleSet) -> None:
+    """The README's table is bench/results/injection_model.json: same weights, same threshold."""
+    report = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results"
+                         / "injection_model.json").read_text(encoding="utf-8"))
+    assert rules.model is not None
+    assert report["version"] == rules.model.model.version
+    assert report["threshold"] == rules.model.model.threshold
+    assert set(FROZEN_SPLITS) <= set(report)
