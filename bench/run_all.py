@@ -22,7 +22,7 @@ from mnemoflow.streams.config import Settings
 HERE = Path(__file__).resolve().parent
 KAFKA_SCRIPTS = ("bench_topology.py", "bench_inbox.py", "bench_projection.py", "bench_step_wait.py")
 OFFLINE_SCRIPTS = ("bench_recall.py", "bench_graph.py", "bench_embedding.py", "bench_embedding_onnx.py",
-                   "bench_query_embedding.py",
+                   "bench_query_embedding.py", "bench_fold.py",
                    "bench_audit_store.py", "bench_console.py")
 
 

@@ -357,10 +357,13 @@ def knobs(t: Tuning, space: dict[str, list[Any]]) -> dict[str, Any]:
 
 
 def cross_validate(preps: list[Prepared], start: Tuning, space: dict[str, list[Any]],
-                   log: Callable[[str], None] = print) -> dict[str, Any]:
+                   log: Callable[[str], None] = print,
+                   only: Sequence[int] | None = None) -> dict[str, Any]:
+    """Every fold's search and held-out score (`only`: these folds, so a long run can be
+    split; the pooled figure then covers only their questions)."""
     folds = []
     pooled: dict[str, dict[str, list[float]]] = {p.name: {} for p in preps}
-    for k in range(FOLDS):
+    for k in (range(FOLDS) if only is None else sorted(set(only))):
         train = [(p, [q for q, f in p.folds.items() if f != k]) for p in preps]
         test = [(p, [q for q, f in p.folds.items() if f == k]) for p in preps]
         t0 = time.monotonic()
@@ -452,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--oracle", type=Path, help="LongMemEval oracle dev file (user + assistant)")
     ap.add_argument("--weights", type=Path, help="start from this tuning instead of the packaged")
     ap.add_argument("--no-cv", action="store_true", help="only the final search on all questions")
+    ap.add_argument("--folds", type=int, nargs="+", choices=range(FOLDS), metavar="K",
+                    help="cross-validate only these folds, and skip the final search")
     ap.add_argument("--knobs", nargs="*", help="search only these knobs of SPACE")
     ap.add_argument("--out", type=Path, help="folder for calibration.json and tuning.json")
     ap.add_argument("--report", type=Path, help="only print the tables of a calibration.json")
@@ -482,8 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         "objective": "turn_recall@10 averaged within, then over benchmark families "
                      "(LoCoMo; LongMemEval) (tie: turn_recall@5)"}
     if not a.no_cv:
-        report["cross_validation"] = cross_validate(preps, start, space)
+        report["cross_validation"] = cross_validate(preps, start, space, only=a.folds)
         (a.out / "calibration.json").write_text(json.dumps(report, indent=2))
+        if a.folds is not None:
+            return 0
     everything = [(p, list(p.folds)) for p in preps]
     final, trace = coordinate_search(everything, start, space)
     _, _, per_start = objective(everything, start)

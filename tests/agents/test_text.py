@@ -166,3 +166,27 @@ def test_pathological_inputs_stay_linear(text: str) -> None:
     (speed lives in bench/): a regression shows as this test hitting pytest's timeout."""
     ents, toks, key = entities(text), tokens(text), semantic_key(text)
     assert len(ents) <= 16 and isinstance(toks, list) and len(key) == 64
+
+
+MEMO_TEXTS = ["I don't like sushi, but my sister's cat loves it.",
+              "Blue-green deploys: the e-mail says covid-19 rules from 1,000 users on 3.11.",
+              "yes", "no", "Ports and Ports, porting, ported", ""]
+
+
+def test_memoized_tokenizer_gives_what_the_unwrapped_functions_give() -> None:
+    """The memos (agents/text.py) only save work: each call, first or repeated, equals the
+    unwrapped function's, and a returned list is the caller's own to change."""
+    from mnemoflow.agents import text as T
+
+    for t in MEMO_TEXTS * 2:
+        raw = T._raw_tokens.__wrapped__(t)
+        content = [T._stem_token.__wrapped__(x) for x in raw if x not in T.STOPWORDS]
+        assert content_tokens(t) == content
+        assert tokens(t) == [T._stem_token.__wrapped__(x) for x in raw]
+        terms = set(content) or {T._stem_token.__wrapped__(x) for x in raw}
+        if content and any(x in T._NEGATIONS for x in raw):
+            terms.add("\u00acneg")
+        assert semantic_key(t) == hashlib.sha256(" ".join(sorted(terms)).encode()).hexdigest()
+    mine = content_tokens(MEMO_TEXTS[0])
+    mine.append("changed")
+    assert "changed" not in content_tokens(MEMO_TEXTS[0])

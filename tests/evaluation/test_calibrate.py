@@ -77,3 +77,17 @@ def test_render_lists_every_fold_and_knob() -> None:
     assert "| 0 | conv-26 + LME fold 0 | 0.700 | 0.600 |" in text
     assert "| rank.base | 0.0 | 0.1 | 0.1 |" in text
     assert "| locomo | nan | nan | nan | 0.500 | nan | 1.000 | nan |" in text
+
+
+def test_cross_validation_can_run_some_folds_only() -> None:
+    """`--folds`: a long search split over runs; each fold still holds out only its own."""
+    t = load_tuning()
+    bench = tiny_bench()
+    qids = [q.qid for q in bench.questions]
+    p = C.prepare("locomo", bench, t, HashEmbedder(), {qids[0]: 0, qids[1]: 3})
+    space = {"rank.base": [t.rank.base]}
+    cv = C.cross_validate([p], t, space, log=lambda _: None, only=[3])
+    assert [f["fold"] for f in cv["folds"]] == [3]
+    assert cv["folds"][0]["held_out"]["locomo"]["questions"] == 1
+    everything = C.cross_validate([p], t, space, log=lambda _: None)
+    assert [f["fold"] for f in everything["folds"]] == list(range(C.FOLDS))
