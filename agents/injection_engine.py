@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from mnemoflow.agents.injection_model import InjectionModel
 from mnemoflow.agents.injection_normalise import NormalisedText, normalise
@@ -72,6 +73,13 @@ class RuleSet:
     index: AnchorIndex  # the anchors of all patterns, looked up once per view
     model: ModelRule | None = None
 
+    def __post_init__(self) -> None:
+        # a memory is checked again on every recall that keeps it, and the verdict is a pure
+        # function of the text and this (immutable) rule set: each rule set holds its own memo
+        object.__setattr__(self, "_detect", lru_cache(maxsize=4096)(self._detect_uncached))
+        object.__setattr__(self, "_by_rules", lru_cache(maxsize=4096)(
+            self._detect_by_rules_uncached))
+
     def rule(self, rule_id: str) -> Rule:
         for r in self.rules:
             if r.rule_id == rule_id:
@@ -128,6 +136,9 @@ class RuleSet:
     def detect(self, text: str) -> InjectionVerdict:
         """The combined verdict: the rules in file order (the first hit decides), then the
         classifier, whose evidence is its score and the words that weighed most."""
+        return self._detect(text)  # type: ignore[attr-defined,no-any-return]
+
+    def _detect_uncached(self, text: str) -> InjectionVerdict:
         verdict = self.detect_by_rules(text)
         if verdict.flagged or self.model is None or not text.strip():
             return verdict
@@ -139,6 +150,9 @@ class RuleSet:
 
     def detect_by_rules(self, text: str) -> InjectionVerdict:
         """The rules alone, in file order; the first hit decides."""
+        return self._by_rules(text)  # type: ignore[attr-defined,no-any-return]
+
+    def _detect_by_rules_uncached(self, text: str) -> InjectionVerdict:
         if not text or not text.strip():
             return CLEAN
         found = self._first(self.normalise(text), decoded=False)

@@ -69,8 +69,14 @@ def ngrams(text: str) -> Counter[str]:
     return grams
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function; the common n-grams recur in every text
 def bucket(name: str) -> int:
     return zlib.crc32(name.encode("utf-8")) & (BUCKETS - 1)
+
+
+# 1 + log(count) for the counts most n-grams have, computed by numpy as `counts` did for
+# every n-gram (a numpy call per n-gram was most of the time of scoring a new text)
+_LOG_SCALED = tuple(1.0 + float(np.log(c)) if c else 0.0 for c in range(256))
 
 
 def counts(text: str) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +84,8 @@ def counts(text: str) -> tuple[np.ndarray, np.ndarray]:
     merged: dict[int, float] = {}
     for name, count in ngrams(text).items():
         b = bucket(name)
-        merged[b] = merged.get(b, 0.0) + 1.0 + float(np.log(count))
+        merged[b] = merged.get(b, 0.0) + (_LOG_SCALED[count] if count < 256
+                                          else 1.0 + float(np.log(count)))
     idx = np.fromiter(merged.keys(), np.int64, len(merged))
     return idx, np.fromiter(merged.values(), np.float32, len(merged))
 

@@ -40,7 +40,7 @@ class MemoryRecord(LoggedMemory):
     def expires_at(self) -> int | None:
         return None if self.ttl_ms is None else self.event_time + self.ttl_ms
 
-    def candidate(self, relevance: float) -> Candidate:
+    def candidate(self, relevance: float, follows: str | None = None) -> Candidate:
         return Candidate(
             memory_id=self.memory_id, kind=self.kind, text=self.text, scope=self.scope,
             owner=self.owner, session_id=self.session_id, event_seq=self.event_seq,
@@ -48,7 +48,7 @@ class MemoryRecord(LoggedMemory):
             digest=self.digest, semantic_key=self.semantic_key, relevance=relevance,
             confidence=self.confidence, salience=float(self.attributes.get("salience", 0) or 0),
             frequency=self.frequency, revoked=self.revoked, expires_at=self.expires_at,
-            risk_level=self.risk_level)
+            risk_level=self.risk_level, follows=follows)
 
 
 @dataclass(frozen=True)

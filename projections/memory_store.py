@@ -194,9 +194,8 @@ class MemoryStore:
 
     def candidate(self, rec: MemoryRecord, relevance: float) -> Candidate:
         """The record as a recall candidate, with the live segment it follows (rank uses it)."""
-        c = rec.candidate(relevance)
         prev = self.context_of(rec.memory_id) if rec.kind == "segment" else None
-        return replace(c, follows=prev.memory_id) if prev is not None else c
+        return rec.candidate(relevance, prev.memory_id if prev is not None else None)
 
     def context_of(self, memory_id: str) -> MemoryRecord | None:
         """The segment a segment is indexed with as context: its session's previous live one."""
