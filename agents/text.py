@@ -122,7 +122,7 @@ def stem(word: str) -> str:
     return w
 
 
-# Both memos below are of pure functions, so they change no result, only its cost: a memory's
+# The memos below are of pure functions, so they change no result, only its cost: a memory's
 # fold tokenizes its text up to three times (record, semantic key, postings), and stemming was
 # half of a fold's time (bench_fold.py).
 @lru_cache(maxsize=1024)

@@ -11,7 +11,9 @@ This bench takes the broker out and times the two CPU costs alone, in one proces
   settled and frozen after every batch as there (no vector index: the vectors come from
   `memory-vectors` and are not embedded in a restart);
 - the same fold with the tokenizer's memos switched off (`agents/text.py`: `_raw_tokens`,
-  `_content_tokens`, `_stem_token` called unwrapped), the cost before they were added.
+  `_content_tokens`, `_stem_token` called unwrapped). That is close to the cost before the
+  memos, a little above it: unwrapped, `semantic_key` tokenizes its text twice where the code
+  before tokenized it once.
 
 Two corpora: LoCoMo dev's turns (real text, one owner per conversation) and bench_partitions'
 synthetic records (a small vocabulary, every kind of record). Rounds alternate the variants;

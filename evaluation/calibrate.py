@@ -466,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (a.locomo and a.longmemeval and a.out):
         ap.error("--locomo, --longmemeval and --out are required")
+    if a.folds is not None and a.no_cv:
+        ap.error("--folds runs cross-validation folds; --no-cv runs none")
     start = load_tuning(a.weights, Settings().embedding_model)
     space = {k: v for k, v in SPACE.items() if not a.knobs or k in a.knobs}
     embedder = offline.default_embedder()
@@ -488,9 +490,11 @@ def main(argv: list[str] | None = None) -> int:
                      "(LoCoMo; LongMemEval) (tie: turn_recall@5)"}
     if not a.no_cv:
         report["cross_validation"] = cross_validate(preps, start, space, only=a.folds)
-        (a.out / "calibration.json").write_text(json.dumps(report, indent=2))
-        if a.folds is not None:
+        if a.folds is not None:  # a piece of a split run: its own file, nothing overwritten
+            name = "calibration-folds-" + "-".join(map(str, sorted(set(a.folds)))) + ".json"
+            (a.out / name).write_text(json.dumps(report, indent=2))
             return 0
+        (a.out / "calibration.json").write_text(json.dumps(report, indent=2))
     everything = [(p, list(p.folds)) for p in preps]
     final, trace = coordinate_search(everything, start, space)
     _, _, per_start = objective(everything, start)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
 
 from mnemoflow.agents.tuning import load_tuning
 from mnemoflow.evaluation import calibrate as C
@@ -91,3 +94,9 @@ def test_cross_validation_can_run_some_folds_only() -> None:
     assert cv["folds"][0]["held_out"]["locomo"]["questions"] == 1
     everything = C.cross_validate([p], t, space, log=lambda _: None)
     assert [f["fold"] for f in everything["folds"]] == list(range(C.FOLDS))
+
+
+def test_folds_and_no_cv_are_refused_together(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        C.main(["--locomo", "x", "--longmemeval", "y", "--out", str(tmp_path),
+                "--folds", "1", "--no-cv"])
