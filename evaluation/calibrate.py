@@ -436,7 +436,7 @@ def render(report: dict[str, Any]) -> str:
     for knob in report["space"]:
         lines.append(f"| {knob} | {report['start'].get(knob)} | " + " | ".join(
             str(f["knobs"].get(knob)) for f in cv.get("folds", [])) + " | "
-            + str(report.get("final", {}).get(knob)) + " |")
+            + (str(report["final"].get(knob)) if "final" in report else "–") + " |")
     return "\n".join(lines)
 
 
