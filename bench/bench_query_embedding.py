@@ -21,21 +21,21 @@ from common import pct, write_results
 
 from mnemoflow.evaluation.datasets import load_locomo
 from mnemoflow.projections.embedders import MODELS, build_embedder
-from mnemoflow.projections.embedding import as_passages, as_queries
+from mnemoflow.projections.embedding import Embedder, as_passages, as_queries
 
 SHARED = Path(os.environ.get("MNEMOFLOW_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 SINK_BATCH = 64  # VectorSink.batch
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--queries", type=int, default=300)
-    ap.add_argument("--turns", type=int, default=2000)
-    a = ap.parse_args()
+def locomo_questions(n: int) -> list[str]:
+    """The first n LoCoMo dev questions: the recall requests both benches embed."""
     bench = load_locomo(SHARED / "data" / "locomo" / "dev.json")
-    questions = [q.text for q in bench.questions][: a.queries]
-    turns = [t.text for s in bench.sessions for t in s.turns][: a.turns]
-    models = {m: build_embedder(m) for m in MODELS}
+    return [q.text for q in bench.questions][:n]
+
+
+def query_latencies(models: dict[str, Embedder], questions: list[str]) -> dict[str, list[float]]:
+    """ms to embed each question alone, as the vector tier does per request, for each model;
+    calls alternate between the models, so a change of load falls on all of them."""
     for e in models.values():
         e.embed(as_queries(e, ["warm-up"]))
     query_ms: dict[str, list[float]] = {m: [] for m in models}
@@ -44,6 +44,19 @@ def main() -> None:
             t = time.perf_counter()
             e.embed(as_queries(e, [q]))
             query_ms[m].append(1000 * (time.perf_counter() - t))
+    return query_ms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--turns", type=int, default=2000)
+    a = ap.parse_args()
+    questions = locomo_questions(a.queries)
+    turns = [t.text for s in load_locomo(SHARED / "data" / "locomo" / "dev.json").sessions
+             for t in s.turns][: a.turns]
+    models = {m: build_embedder(m) for m in MODELS}
+    query_ms = query_latencies(models, questions)
     spent: dict[str, float] = dict.fromkeys(models, 0.0)
     for i in range(0, len(turns), SINK_BATCH):
         for m, e in models.items():
