@@ -146,18 +146,24 @@ def load_tuning(path: str | Path | None = None, model: str = DEFAULT_MODEL) -> T
 
 
 def models_json(t: Tuning, model: str) -> dict[str, Any]:
-    """`t` (tuned with `model`) as a tuning.json: the knobs `model` has values of its own for
-    go under `models`, and the top-level sections keep MiniLM's, so the file serves every
-    model (the calibration writes it, and it may be copied over agents/tuning.json)."""
+    """`t` (tuned with `model`) as a tuning.json that serves every model (the calibration
+    writes it, and it may be copied over agents/tuning.json). For a model other than MiniLM,
+    the knobs it has values of its own for, and every knob whose value `t` changed from
+    MiniLM's, go under `models`; the top-level sections keep MiniLM's."""
     raw = _packaged()
     d = t.to_dict()
     d.pop("source", None)
     models = raw.get("models", {})
     if model != DEFAULT_MODEL:
         base = load_tuning().to_dict()
-        own = {s: {k: d[s][k] for k in v} for s, v in models.get(model, {}).items()}
-        for section, values in own.items():
-            d[section].update({k: base[section][k] for k in values})
+        had = models.get(model, {})
+        own: dict[str, dict[str, Any]] = {}
+        for section in ("gate", "rank", "index"):
+            keys = [k for k in d[section] if k in had.get(section, {})
+                    or d[section][k] != base[section][k]]
+            if keys:
+                own[section] = {k: d[section][k] for k in keys}
+                d[section].update({k: base[section][k] for k in keys})
         models = {**models, model: own}
     d["models"] = models
     return d

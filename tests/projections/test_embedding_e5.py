@@ -144,6 +144,13 @@ def test_a_weights_file_keeps_each_model_s_own_values(tmp_path: Path) -> None:
     assert load_tuning(path, "e5-small-v2").rank.packet_floor == 0.9
     assert load_tuning(path).rank.packet_floor == 0.45  # MiniLM's, not e5's
     assert load_tuning(path).rank == load_tuning().rank
+    # a knob the search moved for e5 (its fusion) is e5's alone, even one MiniLM also has
+    fused = replace(e5, rank=replace(e5.rank, base=e5.rank.base + 0.2,
+                                     tier_weights={"vector": 2.0}),
+                    index=replace(e5.index, bm25_b=0.5))
+    path.write_text(json.dumps(models_json(fused, "e5-small-v2")))
+    assert load_tuning(path, "e5-small-v2") == replace(fused, source=str(path))
+    assert load_tuning(path) == replace(load_tuning(), source=str(path))
     path.write_text(json.dumps({"rank": {"max_items": 3},
                                 "models": {"e5-small-v2": {"rank": {"item_floor": 0.75}}}}))
     e5 = load_tuning(path, "e5-small-v2").rank
