@@ -12,6 +12,7 @@ evaluation/CALIBRATION.md).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -128,9 +129,10 @@ def _overlay(raw: dict[str, Any], values: dict[str, Any]) -> None:
 
 def load_tuning(path: str | Path | None = None, model: str = DEFAULT_MODEL) -> Tuning:
     """Defaults, overlaid by the packaged values for the embedding `model` (its similarity
-    floors: each model has its own score scale), then by the JSON file at `path` when given,
-    then by that file's own values for `model` (keys are checked). A model other than MiniLM
-    without values of its own is refused: MiniLM's floors would pass everything on its scale."""
+    floors, as each model has its own score scale, and what was calibrated for it), then by
+    the JSON file at `path` when given, then by that file's own values for `model` (keys are
+    checked). A model other than MiniLM without values of its own is refused: MiniLM's floors
+    would pass everything on its scale."""
     raw = _packaged()
     source = PACKAGED
     if model != DEFAULT_MODEL and model not in raw.get("models", {}):
@@ -145,11 +147,13 @@ def load_tuning(path: str | Path | None = None, model: str = DEFAULT_MODEL) -> T
                   _build(IndexTuning, raw.get("index", {})))
 
 
-def models_json(t: Tuning, model: str) -> dict[str, Any]:
+def models_json(t: Tuning, model: str, own: Iterable[str] = ()) -> dict[str, Any]:
     """`t` (tuned with `model`) as a tuning.json that serves every model (the calibration
     writes it, and it may be copied over agents/tuning.json). For a model other than MiniLM,
-    the knobs it has values of its own for, and every knob whose value `t` changed from
-    MiniLM's, go under `models`; the top-level sections keep MiniLM's."""
+    these go under `models`: the knobs it has values of its own for, the knobs named in `own`
+    ("section.name": what a search fitted to it, kept even where it equals MiniLM's, so that
+    a later change of MiniLM's leaves it be) and every knob `t` moved from MiniLM's. The
+    top-level sections keep MiniLM's."""
     raw = _packaged()
     d = t.to_dict()
     d.pop("source", None)
@@ -157,14 +161,15 @@ def models_json(t: Tuning, model: str) -> dict[str, Any]:
     if model != DEFAULT_MODEL:
         base = load_tuning().to_dict()
         had = models.get(model, {})
-        own: dict[str, dict[str, Any]] = {}
+        named = {tuple(k.split(".", 1)) for k in own}
+        fitted: dict[str, dict[str, Any]] = {}
         for section in ("gate", "rank", "index"):
-            keys = [k for k in d[section] if k in had.get(section, {})
+            keys = [k for k in d[section] if k in had.get(section, {}) or (section, k) in named
                     or d[section][k] != base[section][k]]
             if keys:
-                own[section] = {k: d[section][k] for k in keys}
+                fitted[section] = {k: d[section][k] for k in keys}
                 d[section].update({k: base[section][k] for k in keys})
-        models = {**models, model: own}
+        models = {**models, model: fitted}
     d["models"] = models
     return d
 

@@ -35,7 +35,7 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -440,8 +440,12 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def tuning_json(t: Tuning, calibration: dict[str, Any], model: str) -> dict[str, Any]:
-    d = models_json(t, model)
+def tuning_json(t: Tuning, calibration: dict[str, Any], model: str,
+                space: Iterable[str] = ()) -> dict[str, Any]:
+    """The tuning.json of a search: for a model other than MiniLM, every searched knob is
+    that model's own (`models_json`)."""
+    own = ["rank.tier_weights" if k == "rank.lexical_share" else k for k in space]
+    d = models_json(t, model, own)
     d["calibration"] = {**calibration, "embedding_model": model}
     return d
 
@@ -505,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "calibration.json").write_text(json.dumps(report, indent=2))
     (a.out / "tuning.json").write_text(json.dumps(tuning_json(final, {
         "procedure": "evaluation/CALIBRATION.md", "command": report["command"]},
-        Settings().embedding_model), indent=2) + "\n")
+        Settings().embedding_model, space), indent=2) + "\n")
     print(json.dumps({"final": report["final"], "all_dev_final": per_final}, indent=2))
     return 0
 

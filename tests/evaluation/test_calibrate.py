@@ -100,3 +100,16 @@ def test_folds_and_no_cv_are_refused_together(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         C.main(["--locomo", "x", "--longmemeval", "y", "--out", str(tmp_path),
                 "--folds", "1", "--no-cv"])
+
+
+def test_a_search_with_another_model_keeps_every_searched_knob_as_its_own() -> None:
+    """Even a searched value equal to MiniLM's is e5's own, so that recalibrating MiniLM later
+    leaves e5's fusion be; the lexical share is stored as the tier weights it sets."""
+    e5 = load_tuning(model="e5-small-v2")
+    minilm = load_tuning()
+    assert e5.rank.base == minilm.rank.base
+    d = C.tuning_json(e5, {}, "e5-small-v2", ["rank.base", "rank.lexical_share"])
+    own = d["models"]["e5-small-v2"]["rank"]
+    assert (own["base"], own["tier_weights"]) == (e5.rank.base, e5.rank.tier_weights)
+    assert d["rank"]["tier_weights"] == minilm.rank.tier_weights
+    assert "max_items" not in own

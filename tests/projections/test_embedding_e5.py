@@ -148,13 +148,20 @@ def test_a_weights_file_keeps_each_model_s_own_values(tmp_path: Path) -> None:
     assert load_tuning(path, "e5-small-v2").rank.packet_floor == 0.9
     assert load_tuning(path).rank.packet_floor == 0.45  # MiniLM's, not e5's
     assert load_tuning(path).rank == load_tuning().rank
-    # a knob the search moved for e5 (its fusion) is e5's alone, even one MiniLM also has
-    fused = replace(e5, rank=replace(e5.rank, base=e5.rank.base + 0.2,
+    # a knob moved for e5 (its fusion) is e5's alone, and so is one its search fitted even
+    # where it equals MiniLM's: a later change of MiniLM's must not move e5's
+    minilm = load_tuning()
+    fused = replace(e5, rank=replace(e5.rank, relevance=e5.rank.relevance + 0.5,
                                      tier_weights={"vector": 2.0}),
-                    index=replace(e5.index, bm25_b=0.5))
-    path.write_text(json.dumps(models_json(fused, "e5-small-v2")))
+                    index=replace(e5.index, embed_max_chars=512))
+    assert fused.rank.frequency == minilm.rank.frequency
+    path.write_text(json.dumps(models_json(fused, "e5-small-v2", ["rank.frequency"])))
     assert load_tuning(path, "e5-small-v2") == replace(fused, source=str(path))
-    assert load_tuning(path) == replace(load_tuning(), source=str(path))
+    assert load_tuning(path) == replace(minilm, source=str(path))
+    mine = json.loads(path.read_text())["models"]["e5-small-v2"]
+    assert (mine["rank"]["relevance"], mine["rank"]["frequency"], mine["index"]["embed_max_chars"]
+            ) == (fused.rank.relevance, minilm.rank.frequency, 512)
+    assert "max_items" not in mine["rank"]  # neither moved nor fitted: it follows MiniLM's
     path.write_text(json.dumps({"rank": {"max_items": 3},
                                 "models": {"e5-small-v2": {"rank": {"item_floor": 0.75}}}}))
     e5 = load_tuning(path, "e5-small-v2").rank
