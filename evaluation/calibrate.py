@@ -82,6 +82,12 @@ SPACE: dict[str, list[Any]] = {
 }
 
 
+def knob_field(knob: str) -> str:
+    """The tuning field a knob of SPACE sets ("section.name"): the lexical share is a view of
+    the tier weights."""
+    return "rank.tier_weights" if knob == "rank.lexical_share" else knob
+
+
 def get_knob(t: Tuning, knob: str) -> Any:
     section, name = knob.split(".", 1)
     if name == "lexical_share":
@@ -444,8 +450,7 @@ def tuning_json(t: Tuning, calibration: dict[str, Any], model: str,
                 space: Iterable[str] = ()) -> dict[str, Any]:
     """The tuning.json of a search: for a model other than MiniLM, every searched knob is
     that model's own (`models_json`)."""
-    own = ["rank.tier_weights" if k == "rank.lexical_share" else k for k in space]
-    d = models_json(t, model, own)
+    d = models_json(t, model, [knob_field(k) for k in space])
     d["calibration"] = {**calibration, "embedding_model": model}
     return d
 
