@@ -1,6 +1,6 @@
 """Bench: event->packet latency and topology throughput, as ratios to raw Kafka.
 
-Run: .venv/bin/python bench/bench_topology.py [--questions 100 --events 3000]
+Run: .venv/bin/python bench/bench_topology.py [--questions 100 --events 3000 --backlog-rounds 2]
 Against KAFKA_BOOTSTRAP or the running local broker; with neither, it starts the local broker
 and stops it again on the way out.
 Figures are printed, never asserted. Baselines are measured on the same broker in the
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -414,18 +415,20 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
         proc.terminate()
         proc.wait(30)
 
-    # the retrieve burst alone, on a fresh worker each, with the vectors held in memory (the
-    # default) and with every vector search a LanceDB query (the baseline), same procedure
-    for held in (True, False):
+    # the retrieve burst alone, on a fresh worker each, same procedure: requests taken
+    # together (the default), one at a time (the baseline of that), and with every vector
+    # search a LanceDB query (the baseline of the vectors held in memory)
+    modes = {"together": {}, "one_at_a_time": {"MNEMOFLOW_RECALL_BATCH": "1"},
+             "lance": {"MNEMOFLOW_HELD_VECTORS": "0"}}
+    for mode, env in modes.items():
         s = bench_settings("retr")
-        proc = await ready_worker(s, bootstrap, MNEMOFLOW_HELD_VECTORS="1" if held else "0")
+        proc = await ready_worker(s, bootstrap, **env)
         try:
             async with HostClient(s, bootstrap) as host:
                 await seed_memories(s, bootstrap, host, args.questions)
             await start_question_sessions(s, bootstrap, args.questions)
             cpu = PhaseCpu(proc.pid)
             eps = await retrieve_burst(s, bootstrap, args.questions)
-            mode = "held" if held else "lance"
             out[f"retrieve_alone_{mode}_packets"] = await inbox_packets(s, bootstrap, "ask2-")
             out[f"retrieve_alone_{mode}_eps"] = eps
             out[f"retrieve_alone_{mode}_cpu_ms_per_event"] = cpu.per_event_ms(args.questions)
@@ -433,13 +436,95 @@ async def measure(args: argparse.Namespace, bootstrap: str) -> dict:
         finally:
             proc.terminate()
             proc.wait(30)
-    held, lance = out["retrieve_alone_held_eps"], out["retrieve_alone_lance_eps"]
-    out["retrieve_held_vs_lance"] = held / lance
-    print(f"retrieve burst alone, fresh workers: vectors held {held:.0f} events/s, LanceDB "
-          f"queries {lance:.0f} events/s = {held / lance:.2f}x")
-    show_cpu("request, held", out["retrieve_alone_held_cpu_ms_per_event"])
-    show_cpu("request, LanceDB", out["retrieve_alone_lance_cpu_ms_per_event"])
+    eps = {mode: out[f"retrieve_alone_{mode}_eps"] for mode in modes}
+    out["retrieve_together_vs_one_at_a_time"] = eps["together"] / eps["one_at_a_time"]
+    out["retrieve_held_vs_lance"] = eps["together"] / eps["lance"]
+    print(f"retrieve burst alone, fresh workers: requests taken together {eps['together']:.0f} "
+          f"events/s, one at a time {eps['one_at_a_time']:.0f} events/s = "
+          f"{out['retrieve_together_vs_one_at_a_time']:.2f}x; every vector search a LanceDB "
+          f"query (taken together) {eps['lance']:.0f} events/s (held = "
+          f"{out['retrieve_held_vs_lance']:.2f}x)")
+    for mode in modes:
+        print(f"  {mode}: {out[f'retrieve_alone_{mode}_packets']} of {args.questions} "
+              "questions got a packet")
+        show_cpu(f"request, {mode}", out[f"retrieve_alone_{mode}_cpu_ms_per_event"])
+
+    # a worker restarted behind a backlog of questions, requests taken together and one at a
+    # time, alternating over `--backlog-rounds` rounds
+    backlog: dict[str, list[float]] = {"together": [], "one_at_a_time": []}
+    for r in range(args.backlog_rounds):
+        for mode in (list(backlog) if r % 2 == 0 else list(backlog)[::-1]):
+            eps, lists, cpu = await backlog_run(bootstrap, args.questions, **modes[mode])
+            backlog[mode].append(eps)
+            print(f"retrieve backlog, restarted worker, {mode}: {eps:.0f} events/s (first to "
+                  f"last decision), {args.questions / lists:.1f} requests per list")
+            show_cpu(f"request, backlog, {mode}", cpu)
+    out["retrieve_backlog_eps"] = backlog
+    if all(backlog.values()):
+        mid = {mode: statistics.median(v) for mode, v in backlog.items()}
+        out["retrieve_backlog_together_vs_one_at_a_time"] = mid["together"] / mid["one_at_a_time"]
+        print(f"retrieve backlog medians: taken together {mid['together']:.0f} events/s, one at "
+              f"a time {mid['one_at_a_time']:.0f} events/s = "
+              f"{out['retrieve_backlog_together_vs_one_at_a_time']:.2f}x")
     return out
+
+
+async def backlog_run(bootstrap: str, n: int, **env: str) -> tuple[float, float, dict]:
+    """A worker is stopped once n users' memories and n question sessions are in; n questions
+    are written while no worker runs; a worker started behind them answers them all. Returns
+    the questions per second from its first decision to its last (their audits' emit times),
+    the lists its recall stage took them in (its /metrics), and its CPU per question (which
+    includes the worker's start)."""
+    s = bench_settings("backlog")
+    proc = await ready_worker(s, bootstrap, **env)
+    try:
+        async with HostClient(s, bootstrap) as host:
+            await asyncio.gather(*(seed_one(host, u) for u in range(n)))
+        await count_until(bootstrap, s.topic("audit"),
+                          lambda r: sum(a["stage"] == "gate" and a["sessionId"].startswith("mem-")
+                                        for a in r) >= 2 * n)
+        await start_question_sessions(s, bootstrap, n)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    await burst(bootstrap, s.topic("session-events"), questions(n))
+    proc = start_worker(s, bootstrap, **env)
+    try:
+        cpu = PhaseCpu(proc.pid)
+        await count_until(bootstrap, s.topic("audit"), lambda rr: len(
+            broker_emits(rr, "ask2-")) >= n)
+        used = cpu.per_event_ms(n)
+        lists = await scraped(s, proc.pid, "mnemoflow_recall_requests_taken_together_count")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    from mnemoflow.streams.reader import TopicReader
+
+    async with TopicReader(s, bootstrap, [s.topic("audit")]) as r:
+        await r.drain()
+        t = broker_emits([x.value for x in r.records if x.value], "ask2-")
+    return (len(t) - 1) / ((t[-1] - t[0]) / 1000), lists, used
+
+
+def broker_emits(audits: list[dict], prefix: str) -> list[int]:
+    """The emit times of the broker's decisions for sessions starting with `prefix`, sorted."""
+    return sorted(a["emitTime"] for a in audits
+                  if a["stage"] == "broker" and a["sessionId"].startswith(prefix))
+
+
+async def scraped(s, pid: int, sample: str) -> float:
+    """One sample of a worker's /metrics (its port is in its health file)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mnemoflow.streams.lifecycle import read_health
+
+    [h] = [h for h in read_health(s.home, s.app_id) if h["pid"] == pid]
+    url = f"http://127.0.0.1:{h['metrics_port']}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    return next(x.value for f in text_string_to_metric_families(text) for x in f.samples
+                if x.name == sample)
 
 
 async def ready_worker(s, bootstrap: str, **env: str) -> subprocess.Popen:
@@ -454,12 +539,16 @@ async def ready_worker(s, bootstrap: str, **env: str) -> subprocess.Popen:
     return proc
 
 
+async def seed_one(host: HostClient, u: int) -> None:
+    hs = host.session(f"mem-{u}", f"user-{u}")
+    await hs.lifecycle("start", T0, MANIFEST)
+    await hs.user_message(f"My locker code is zq{u:03d}x at the Riverside gym.", T0 + 1)
+
+
 async def seed_memories(s, bootstrap: str, host: HostClient, users: int) -> None:
     """One memory per user for the retrieve path, waited for until the gate saw them."""
     for u in range(users):
-        hs = host.session(f"mem-{u}", f"user-{u}")
-        await hs.lifecycle("start", T0, MANIFEST)
-        await hs.user_message(f"My locker code is zq{u:03d}x at the Riverside gym.", T0 + 1)
+        await seed_one(host, u)
     await count_until(bootstrap, s.topic("audit"),
                       lambda r: sum(a["stage"] == "gate" and a["sessionId"].startswith("mem-")
                                     for a in r) >= 2 * users)
@@ -485,14 +574,18 @@ async def retrieve_burst(s, bootstrap: str, n: int) -> float:
     """Events/s of n questions, one per seeded user, produced at once into the sessions
     `start_question_sessions` started, until every one is decided by the broker."""
     t = time.monotonic()
-    await burst(bootstrap, s.topic("session-events"), [
-        chat_event(f"ask2-{i}", 2, f"Where is the gym with locker zq{i:03d}x?",
-                   ASKED_AT + 1000 + i, user=f"user-{i}") for i in range(n)])
+    await burst(bootstrap, s.topic("session-events"), questions(n))
     end = await count_until(
         bootstrap, s.topic("audit"),
         lambda rr: sum(a["stage"] == "broker" and a["sessionId"].startswith("ask2-")
                        for a in rr) >= n)
     return n / (end - t)
+
+
+def questions(n: int) -> list[dict]:
+    """One question per seeded user, each in its question session."""
+    return [chat_event(f"ask2-{i}", 2, f"Where is the gym with locker zq{i:03d}x?",
+                       ASKED_AT + 1000 + i, user=f"user-{i}") for i in range(n)]
 
 
 async def inbox_packets(s, bootstrap: str, prefix: str) -> int:
@@ -512,7 +605,7 @@ def run_bench(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, object]]
     that reaches this point, and exits as a killed process would."""
     ap = argparse.ArgumentParser()
     for name, default in options.items():
-        ap.add_argument(f"--{name}", type=int, default=default)
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     try:
         asyncio.run(bench(ap.parse_args()))
     except asyncio.CancelledError:
@@ -520,4 +613,4 @@ def run_bench(bench: Callable[[argparse.Namespace], Coroutine[Any, Any, object]]
 
 
 if __name__ == "__main__":
-    run_bench(main, questions=100, events=2000, raw=300)
+    run_bench(main, questions=100, events=2000, raw=300, backlog_rounds=2)

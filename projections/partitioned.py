@@ -12,16 +12,20 @@ recall finds does not depend on which runner holds the partition or what else it
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mnemoflow.agents.candidate import Candidate
+from mnemoflow.agents.candidate import Candidate, scope_chain
 from mnemoflow.agents.partitioning import SHARED, memory_topic, partition_of, request_key
 from mnemoflow.agents.recall import TierSpec
 from mnemoflow.agents.tuning import Tuning
+from mnemoflow.projections.embedding import as_queries
 from mnemoflow.projections.memory import Memory, build_memory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,6 +89,27 @@ class PartitionedMemory:
         """The memories a request reads: its partition's, if held here, and the shared one."""
         part = self.parts.get(self.partition_for(request))
         return [part, self.shared] if part is not None else [self.shared]
+
+    def searches_vectors(self, request: dict[str, Any]) -> bool:
+        """Whether a vector tier will embed this request's query: one that holds a memory of
+        its scope chain (`VectorTier.search` embeds nothing otherwise)."""
+        chain = scope_chain(request)
+        return any(m.tier("vector") is not None and any(m.store.by_owner.get(o) for o in chain)
+                   for m in self.serving(request))
+
+    async def warm_queries(self, requests: Sequence[dict[str, Any]], timeout: float) -> int:
+        """Embed the queries of several waiting recall requests in one forward pass, ahead of
+        their steps, which then find them in the embedder's cache. Best effort: on a failure
+        or a timeout each step embeds its own query, as without it. Returns the number sent."""
+        emb = self.embedder
+        texts = [r["text"] for r in requests if self.searches_vectors(r)]
+        if emb is None or len(texts) < 2:
+            return 0
+        try:
+            await emb.embed(as_queries(emb, texts), timeout)
+        except Exception as exc:  # each step embeds its own query then
+            log.debug("warming %d recall queries failed: %r", len(texts), exc)
+        return len(texts)
 
     def memories(self) -> list[Memory]:
         return [*(self.parts[p] for p in sorted(self.parts)), self.shared]

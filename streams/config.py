@@ -148,6 +148,10 @@ class Settings:
         default_factory=lambda: env_choice("MNEMOFLOW_RECALL_BARRIER", "applied", BARRIERS))
     barrier_timeout_s: float = field(
         default_factory=lambda: env_float("MNEMOFLOW_BARRIER_TIMEOUT_S", 2.0))
+    # recall requests already waiting when one is taken are taken with it, up to this many:
+    # one log-end lookup for their barriers and one forward pass for their queries; each is
+    # still stepped, written and acked alone, in order (1: one at a time)
+    recall_batch: int = field(default_factory=lambda: env_int("MNEMOFLOW_RECALL_BATCH", 16))
     # past this the vector tier (query embedding + LanceDB) is given up and recall answers
     # lexically (G-05); the query embedding itself gets one second less
     vector_timeout_s: float = field(

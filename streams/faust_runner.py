@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -38,6 +39,7 @@ from mnemoflow.agents.topology import run_step as run_stage_step
 from mnemoflow.projections.partitioned import PartitionedMemory
 from mnemoflow.schemas.codec import DecodeError, SchemaRegistry
 from mnemoflow.streams import topics as T
+from mnemoflow.streams.batching import taken_together
 from mnemoflow.streams.config import Settings
 from mnemoflow.streams.deadletter import dead_letter
 from mnemoflow.streams.keyring import Keyring
@@ -156,7 +158,8 @@ class FaustRunner:
         base_of = {s.topic(b): b for b in stage.inputs}
         is_input = set(stage.inputs) <= set(INPUT_TOPICS)
 
-        async def body(ev: faust.types.EventT, value: dict[str, Any]) -> None:
+        async def body(ev: faust.types.EventT, value: dict[str, Any],
+                       ends: dict[Any, int]) -> None:
             m = ev.message
             skey = stage.key(value)
             stored = table.get(skey)  # a table error is not the record's fault
@@ -165,7 +168,7 @@ class FaustRunner:
                 version = self.memory.version
                 caught_up, lag = await self.projector.barrier(
                     s.barrier_timeout_s, projected=s.recall_barrier == "projected",
-                    request=value)
+                    request=value, ends=ends)
                 projection = Projection(version, caught_up, lag or "lagging")
             record = Record(base_of[m.topic], value, int((m.timestamp or 0) * 1000), projection)
             try:
@@ -183,11 +186,34 @@ class FaustRunner:
             if dumped != stored:
                 table[skey] = dumped
 
+        most = s.recall_batch if stage.barrier else 1
+
         async def agent(stream: faust.StreamT) -> None:
-            async for manual, ev, value in self._records(stream, stage.name, base_of):
-                if is_input:
-                    self.last_input = time.monotonic()
-                await self._guarded(manual, ev, stage.name, partial(body, ev, value))
+            manual = stream.noack()
+            async with aclosing(taken_together(manual.events(), most)) as lists:
+                async for taken in lists:
+                    await step_list(manual, taken)
+
+        async def step_list(manual: faust.StreamT, taken: list[Any]) -> None:
+            batch = [(ev, value) for ev in taken
+                     if (value := await self._decoded(manual, ev, stage.name, base_of)) is not None]
+            if not batch:
+                return
+            if is_input:
+                self.last_input = time.monotonic()
+            if stage.barrier:
+                self.metrics.recall_lists.observe(len(batch))
+            ends = await self._prepare(batch) if len(batch) > 1 else {}
+            for ev, value in batch:
+                if ev.message.generation_id != self.app.consumer_generation_id:
+                    # taken before a rebalance: its partition may be another worker's now.
+                    # Left unacked, it is fetched again from the committed offset (by us, if
+                    # the partition stayed), as faust leaves a record it skips
+                    continue
+                # faust's tables write to the changelog partition of the stream's current
+                # event, which is the last one taken, not necessarily the one being stepped
+                manual._set_current_event(ev)
+                await self._guarded(manual, ev, stage.name, partial(body, ev, value, ends))
 
         agent.__name__ = agent.__qualname__ = stage.name
         agent.__doc__ = stage.doc
@@ -213,19 +239,27 @@ class FaustRunner:
 
     # ------------------------------------------------------------------------------ I/O
 
-    async def _records(self, stream: faust.StreamT, stage: str,
-                       base_of: dict[str, str]) -> AsyncIterator[tuple[Any, Any, dict]]:
-        """(manual stream, event, decoded value) of each record; bad bytes are dead-lettered."""
-        manual = stream.noack()
-        async for ev in manual.events():
-            try:
-                _, value = self.registry.decode(ev.message.value,
-                                                T.VALUE_SCHEMA[base_of[ev.message.topic]])
-            except DecodeError as exc:
-                await self._to_dlq(ev, exc.reason, exc.detail, stage)
-                await manual.ack(ev)
-                continue
-            yield manual, ev, value
+    async def _decoded(self, manual: faust.StreamT, ev: Any, stage: str,
+                       base_of: dict[str, str]) -> dict[str, Any] | None:
+        """The record's value, or None: its bytes are not the schema's, and it went to the
+        dead letters (and was acked)."""
+        try:
+            _, value = self.registry.decode(ev.message.value,
+                                            T.VALUE_SCHEMA[base_of[ev.message.topic]])
+        except DecodeError as exc:
+            await self._to_dlq(ev, exc.reason, exc.detail, stage)
+            await manual.ack(ev)
+            return None
+        return value
+
+    async def _prepare(self, batch: list[tuple[Any, dict[str, Any]]]) -> dict[Any, int]:
+        """For recall requests taken together: their log ends in one lookup, and their
+        queries embedded in one forward pass, side by side. Returns the ends."""
+        requests = [value for _, value in batch]
+        ends, _ = await asyncio.gather(
+            self.projector.log_ends(requests, self.settings.barrier_timeout_s),
+            self.memory.warm_queries(requests, self.settings.vector_timeout_s))
+        return ends
 
     async def _to_dlq(self, ev: faust.types.EventT, reason: str, detail: str, stage: str) -> None:
         m = ev.message

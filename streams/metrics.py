@@ -73,6 +73,10 @@ class WorkerMetrics:
         self.tiers = Counter("mnemoflow_recall_tier_outcomes",
                              "Recall tier outcomes in broker audits (the audit's tiers map)",
                              ["tier", "outcome"], registry=registry)
+        self.recall_lists = Histogram("mnemoflow_recall_requests_taken_together",
+                                      "Recall requests per list the recall stage took at once "
+                                      "(MNEMOFLOW_RECALL_BATCH bounds it)",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64), registry=registry)
         self.dead_letters = Counter("mnemoflow_dead_letters", "Dead letters written",
                                     ["reason", "stage"], registry=registry)
         self.consumer_lag = _LagGauge(

@@ -36,6 +36,7 @@ def worker_env(settings: Settings, bootstrap: str, **extra: str) -> dict[str, st
                MNEMOFLOW_RECALL_BARRIER=settings.recall_barrier,
                MNEMOFLOW_EMBEDDING_MODEL=settings.embedding_model,
                MNEMOFLOW_BARRIER_TIMEOUT_S=str(settings.barrier_timeout_s),
+               MNEMOFLOW_RECALL_BATCH=str(settings.recall_batch),
                MNEMOFLOW_VECTOR_TIMEOUT_S=str(settings.vector_timeout_s),
                MNEMOFLOW_MAX_PAYLOAD_BYTES=str(settings.max_payload_bytes),
                MNEMOFLOW_SEAL="1" if settings.seal else "0",

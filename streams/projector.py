@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -502,23 +502,42 @@ class MemoryProjector:
 
     # -------------------------------------------------------------------------- barrier
 
+    async def log_ends(self, requests: Sequence[dict[str, Any]],
+                       timeout: float = 2.0) -> dict[TopicPartition, int]:
+        """The log ends the barriers of several requests wait for, looked up in one round
+        trip (`barrier(ends=...)`): looked up after every one of the requests arrived, so each
+        request's own writes are below them. Partitions not restored yet are left out (their
+        barrier looks its end up once they are); {} if the broker did not answer in time."""
+        if not self._ready.is_set():
+            return {}
+        tps = {self._tp("memory-shared", 0)}
+        tps |= {self._tp("memory-log", p) for p in {self.memory.partition_for(r)
+                                                    for r in requests} if self.ready(p)}
+        try:
+            return await asyncio.wait_for(self._end_offsets(sorted(tps)), timeout)
+        except (TimeoutError, KafkaError):
+            return {}
+
     async def barrier(self, timeout: float = 2.0, projected: bool = False,
-                      request: dict[str, Any] | None = None) -> tuple[bool, str]:
+                      request: dict[str, Any] | None = None,
+                      ends: Mapping[TopicPartition, int] | None = None) -> tuple[bool, str]:
         """Wait until the request's partition is held and restored, and every record already
         in its memory-log partition and in memory-shared is applied (and, if `projected`, in
         the sinks, for the request's owners); without a request, every held partition.
         (True, "") or (False, why): "restoring" (the partition is still being taken over,
-        or is not held here) or "lagging". Bounded as a whole: recall never hangs on it."""
+        or is not held here) or "lagging". Bounded as a whole: recall never hangs on it.
+        `ends`: log ends looked up since the request arrived (`log_ends`), used instead of
+        asking the broker again."""
         part = self.memory.partition_for(request) if request is not None else None
         try:
-            await asyncio.wait_for(self._barrier(part, projected, request), timeout)
+            await asyncio.wait_for(self._barrier(part, projected, request, ends or {}), timeout)
             return True, ""
         except (TimeoutError, KafkaError):
             held = part is None or self.ready(part)
             return False, "lagging" if held else "restoring"
 
-    async def _barrier(self, part: int | None, projected: bool,
-                       request: dict[str, Any] | None) -> None:
+    async def _barrier(self, part: int | None, projected: bool, request: dict[str, Any] | None,
+                       known: Mapping[TopicPartition, int]) -> None:
         await self._ready.wait()
         if part is not None:
             async with self._progress:
@@ -526,7 +545,9 @@ class MemoryProjector:
         tps = [self._tp("memory-shared", 0)]
         tps += [self._tp("memory-log", part)] if part is not None else \
             [self._tp("memory-log", p) for p in sorted(self.held())]
-        ends = await self._end_offsets(tps)
+        ends = {tp: known[tp] for tp in tps if tp in known}
+        if missing := [tp for tp in tps if tp not in known]:
+            ends.update(await self._end_offsets(missing))
         owners = scope_chain(request) if request is not None else None
         done = self.projected if projected and owners is None else self.applied
 

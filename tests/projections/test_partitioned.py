@@ -10,9 +10,12 @@ from aiokafka.partitioner import murmur2 as kafka_murmur2
 
 from mnemoflow.agents.partitioning import memory_topic, murmur2, partition_of, request_key
 from mnemoflow.agents.tuning import load_tuning
+from mnemoflow.projections.array_index import ArrayIndex
+from mnemoflow.projections.embedding import AsyncEmbedder, CachedEmbedder
 from mnemoflow.projections.partitioned import build_partitioned
+from mnemoflow.projections.vector_tier import index_meta
 
-from factories import T0, memory_event
+from factories import T0, HashEmbedder, memory_event
 
 PARTS = 4
 
@@ -68,3 +71,47 @@ async def test_no_memory_crosses_owners_wherever_partitions_are_held(held) -> No
             found = {c.memory_id for c in await tier.search(req, 10, ())}
             own = {f"m-{u}"} if partition_of(u, PARTS) in held else set()
             assert found == own | ({"ws-1"} if workspace == "w1" else set())
+
+
+class _CountingHash(HashEmbedder):
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def embed(self, texts: list[str]):
+        self.calls.append(list(texts))
+        return super().embed(texts)
+
+
+async def test_waiting_queries_are_embedded_in_one_pass_and_found_by_the_tier() -> None:
+    """Recall requests taken together (the worker's `MNEMOFLOW_RECALL_BATCH`) have their queries
+    embedded in one forward pass; each one's vector tier then finds its query in the cache, and
+    answers as it would alone. A request whose chain holds no memory is not embedded at all."""
+    tuning = load_tuning()
+    inner = _CountingHash()
+    cache = CachedEmbedder(inner)
+    emb = AsyncEmbedder(cache)
+    meta = index_meta(emb, tuning.index)
+    mem = build_partitioned(tuning, PARTS, index_for=lambda p, folder: ArrayIndex(meta),
+                            embedder=emb, graph=False)
+    await mem.hold_all()
+    users = [u for us in _users(1).values() for u in us]
+    for u in users:
+        mem.apply(memory_event(f"m-{u}", ["zebra", "locker"], owner=u, t=T0))
+    await mem.flush()
+
+    def ask(u: str, text: str) -> dict:
+        return {"sessionId": f"s-{u}", "userId": u, "workspaceId": "w9", "text": text,
+                "entities": [], "eventTime": T0 + 1, "timeWindow": None}
+
+    asks = [ask(u, f"where is the {u} locker") for u in users] + [ask("nobody", "zebra?")]
+    alone = [{c.memory_id for c in await next(
+        t.tier for t in mem.tiers if t.tier.name == "vector").search(r, 5, ())} for r in asks]
+    cache.clear()
+    inner.calls.clear()
+    assert await mem.warm_queries(asks[::-1], timeout=5) == len(users)
+    assert inner.calls == [[r["text"] for r in asks[::-1] if r["userId"] != "nobody"]]
+    vector = next(t.tier for t in mem.tiers if t.tier.name == "vector")
+    after = [{c.memory_id for c in await vector.search(r, 5, ())} for r in asks]
+    assert inner.calls[1:] == []  # every query was found in the cache
+    assert after == alone and after[-1] == set()
+    assert await mem.warm_queries(asks[:1], timeout=5) == 0  # one alone: its step embeds it

@@ -30,6 +30,19 @@ def test_held_vectors_are_on_unless_switched_off(monkeypatch) -> None:
     assert not Settings().held_vectors
 
 
+def test_recall_takes_waiting_requests_together_unless_set_to_one(monkeypatch, tmp_path) -> None:
+    from mnemoflow.streams.process import worker_env
+
+    monkeypatch.delenv("MNEMOFLOW_RECALL_BATCH", raising=False)
+    assert Settings().recall_batch == 16
+    monkeypatch.setenv("MNEMOFLOW_RECALL_BATCH", "1")
+    one = Settings()
+    assert one.recall_batch == 1
+    # a child worker gets the parent's value, not the default
+    monkeypatch.delenv("MNEMOFLOW_RECALL_BATCH")
+    assert worker_env(one, "127.0.0.1:9")["MNEMOFLOW_RECALL_BATCH"] == "1"
+
+
 def test_an_unknown_barrier_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("MNEMOFLOW_RECALL_BARRIER", "lexical")
     with pytest.raises(ValueError, match="applied, projected"):
@@ -41,6 +54,7 @@ def test_an_unknown_barrier_is_refused(monkeypatch) -> None:
     ("MNEMOFLOW_PARTITIONS", "0", "an integer >= 1"),
     ("MNEMOFLOW_VECTOR", "false-ish", "1/true/on/yes/0/false/off/no"),
     ("MNEMOFLOW_SESSION_TIMEOUT_S", "soon", "a number >= 1"),
+    ("MNEMOFLOW_RECALL_BATCH", "0", "an integer >= 1"),
     ("KAFKA_SECURITY_PROTOCOL", "TLS", "PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
     ("MNEMOFLOW_STORE", "redis://", "rocksdb://, memory://"),
 ])

@@ -167,6 +167,33 @@ async def test_a_worker_holds_only_its_partitions_and_says_when_one_is_restoring
         assert held == {f"m-{u}" for u in theirs} | {"ws-note"}
 
 
+async def test_requests_taken_together_share_one_log_end_lookup(
+        topics_for: Any, kafka_bootstrap: str) -> None:
+    """`log_ends` looks up the ends of every held partition a list of requests reads (and
+    memory-shared's); each request's barrier then waits for those ends, not others."""
+    s = topics_for
+    a, b, elsewhere = users_on(0, 1)[0], users_on(2, 1)[0], users_on(1, 1)[0]
+    await write(s, kafka_bootstrap, [memory_event(f"m{i}-{u}", ["kafka", u], owner=u)
+                                     for u in (a, b, elsewhere) for i in range(3 if u == a else 2)])
+    await write(s, kafka_bootstrap, [memory_event("ws", ["kafka"], owner="w1", scope="Workspace")])
+    mem = memory()
+    async with projecting(s, kafka_bootstrap, mem, {0, 2}) as proj:
+        assert await proj.barrier(30.0) == (True, "")
+        asks = [request(a, "w1"), request(b), request(elsewhere)]
+        ends = await proj.log_ends(asks)
+        log, shared = T.MEMORY_LOG.name(s), T.MEMORY_SHARED.name(s)
+        assert {(tp.topic, tp.partition): end for tp, end in ends.items()} == {
+            (log, 0): 3, (log, 2): 2, (shared, 0): 1}  # partition 1 is not held here
+        for ask in asks[:2]:
+            assert await proj.barrier(30.0, request=ask, ends=ends) == (True, "")
+        assert await proj.barrier(0.5, request=asks[2], ends=ends) == (False, "restoring")
+        # the ends given are the ones waited for: one past the log's is never reached
+        past = {tp: end + 1 if tp.partition == 0 and tp.topic == log else end
+                for tp, end in ends.items()}
+        assert await proj.barrier(0.5, request=asks[0], ends=past) == (False, "lagging")
+        assert await proj.barrier(30.0, request=asks[1], ends=past) == (True, "")
+
+
 async def test_vectors_are_embedded_once_and_read_back_by_the_next_owner(
         topics_for: Any, kafka_bootstrap: str) -> None:
     s = topics_for

@@ -84,8 +84,8 @@ async def _stalled(s, bs, ws: list[WorkerProcess]) -> str:
             f"{ws[-1].log_tail(8000)}")
 
 
-async def _run(tmp_path, bs, name: str, workers: int, kill: bool):
-    s = isolated_settings(tmp_path, name, vector=False, graph=False)
+async def _run(tmp_path, bs, name: str, workers: int, kill: bool, recall_batch: int = 16):
+    s = isolated_settings(tmp_path, name, vector=False, graph=False, recall_batch=recall_batch)
     await prepare_topics(s, bs)
     # at info: a stall is diagnosed from the log (see _stalled)
     ws = [WorkerProcess(s, bs, loglevel="info").start() for _ in range(workers)]
@@ -115,8 +115,10 @@ def _packets(recs) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 async def one_worker(kafka_bootstrap, tmp_path_factory):
-    """The reference: the same traffic through a single worker."""
-    recs = await _run(tmp_path_factory.mktemp("scale-1"), kafka_bootstrap, "scale-1", 1, False)
+    """The reference: the same traffic through a single worker, which takes recall requests
+    one at a time (the others take those already waiting together, `MNEMOFLOW_RECALL_BATCH`)."""
+    recs = await _run(tmp_path_factory.mktemp("scale-1"), kafka_bootstrap, "scale-1", 1, False,
+                      recall_batch=1)
     assert len(_packets(recs)) == USERS * ASKS  # every asking session got its packet
     return recs
 
