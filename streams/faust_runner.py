@@ -205,13 +205,14 @@ class FaustRunner:
                 self.metrics.recall_lists.observe(len(batch))
             ends = await self._prepare(batch) if len(batch) > 1 else {}
             for ev, value in batch:
-                if ev.message.generation_id != self.app.consumer_generation_id:
-                    # taken before a rebalance: its partition may be another worker's now.
-                    # Left unacked, it is fetched again from the committed offset (by us, if
-                    # the partition stayed), as faust leaves a record it skips
+                if (not self.app.flow_control.is_active()
+                        or ev.message.generation_id != self.app.consumer_generation_id):
+                    # a rebalance came after it was taken: its partition may be another
+                    # worker's now. Left unacked, it is fetched again from the committed
+                    # offset (by us, if the partition stayed), as faust leaves a record it skips
                     continue
-                # faust's tables write to the changelog partition of the stream's current
-                # event, which is the last one taken, not necessarily the one being stepped
+                # faust's tables write to the changelog partition of the task's current
+                # event, which faust sets in the task that takes the records (the reader's)
                 manual._set_current_event(ev)
                 await self._guarded(manual, ev, stage.name, partial(body, ev, value, ends))
 
@@ -256,10 +257,14 @@ class FaustRunner:
         """For recall requests taken together: their log ends in one lookup, and their
         queries embedded in one forward pass, side by side. Returns the ends."""
         requests = [value for _, value in batch]
+        # bounded like the vector tier's own query embedding, which it saves
+        embed_timeout = max(0.1, self.settings.vector_timeout_s - 1)
         ends, _ = await asyncio.gather(
             self.projector.log_ends(requests, self.settings.barrier_timeout_s),
-            self.memory.warm_queries(requests, self.settings.vector_timeout_s))
-        return ends
+            self.memory.warm_queries(requests, embed_timeout), return_exceptions=True)
+        # outside `_guarded`, so nothing here may fail the list: without the shared ends, each
+        # barrier looks its own up (and is retried there)
+        return ends if isinstance(ends, dict) else {}
 
     async def _to_dlq(self, ev: faust.types.EventT, reason: str, detail: str, stage: str) -> None:
         m = ev.message

@@ -18,12 +18,14 @@ class Source:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self.closed = asyncio.Event()
+        self.readers: set[asyncio.Task | None] = set()
 
     def put(self, *items: object) -> None:
         for item in items:
             self.queue.put_nowait(item)
 
     async def __aiter__(self) -> AsyncIterator[object]:
+        self.readers.add(asyncio.current_task())
         try:
             while (item := await self.queue.get()) is not None:
                 if isinstance(item, Exception):
@@ -62,6 +64,12 @@ async def test_one_at_a_time_reads_in_the_callers_task() -> None:
     src.put(1, 2, None)
     async with aclosing(taken_together(src, 1)) as lists:
         assert [x async for x in lists] == [[1], [2]]
+    assert src.readers == {asyncio.current_task()}
+    src = Source()
+    src.put(1, None)
+    async with aclosing(taken_together(src, 2)) as lists:
+        assert [x async for x in lists] == [[1]]
+    assert asyncio.current_task() not in src.readers  # a reader task of its own
 
 
 async def test_the_sources_error_comes_after_what_was_taken_before_it() -> None:

@@ -8,7 +8,6 @@ far embedding had got; the graph is off, as in the scale test.
 
 from __future__ import annotations
 
-import asyncio
 import urllib.request
 
 import pytest
@@ -75,8 +74,7 @@ async def _run(tmp_path, bs, batch: int) -> tuple[dict[str, str], tuple[float, f
             return len({a["sessionId"] for a in asks}) >= USERS * ASKS and injected <= inbox
 
         recs = await collect(s, bs, ["audit", "inbox"], answered, 180)
-        await asyncio.sleep(0.5)  # the last list's observation is made before its steps
-        taken = _taken(w)
+        taken = _taken(w)  # a list is counted before its steps
     finally:
         w.stop()
     packets = {op["packet"]["packetId"]: op["packet"]["exactDigest"]
@@ -94,6 +92,7 @@ async def test_a_backlog_is_taken_together_with_the_packets_of_one_at_a_time(
     together, (lists, requests) = await _run(tmp_path, kafka_bootstrap, 16)
     assert len(alone) == USERS * ASKS  # every question got its packet
     assert together == alone
-    assert lists1 == requests1 == USERS * ASKS
+    # a request redelivered after a rebalance is counted again: at least every question's
+    assert lists1 == requests1 >= USERS * ASKS  # one at a time: lists of one
     # the restarted worker took its backlog in lists, not one by one
-    assert requests == USERS * ASKS and lists < requests, (lists, requests)
+    assert requests >= USERS * ASKS and lists < requests, (lists, requests)
